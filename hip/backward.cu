@@ -1,0 +1,62 @@
+// backward.cu — the backward dispatcher: dx = scale * y * (dy - sum(dy * y)) over rows.
+//
+//   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length, as forward does:
+//           y and dy are read once and dx written once while the row fits on chip
+//   naive   rows_stream: the dot product pass, then the epilogue pass (y and dy read twice)
+// Masked positions need no mask here: their y is 0, so their gradient is 0.
+#include "dispatch.cuh"
+#include "entry.h"
+
+namespace {
+
+template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
+  using C = typename Compute<T>::type;
+  BackwardOp<T> op{};
+  op.y = static_cast<const T*>(p.x);
+  op.dy = static_cast<const T*>(p.dy);
+  op.dx = static_cast<T*>(p.out);
+  op.y_stride = p.x_row_stride;
+  op.dy_stride = p.dy_row_stride;
+  op.dx_stride = p.out_row_stride;
+  op.cols = p.cols;
+  op.scale = static_cast<C>(p.scale);
+  const bool vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.dy, p.dy_row_stride) &&
+                   vector_rows<T>(p.out, p.out_row_stride);
+  DeviceInfo dev;
+  int st = device_info(&dev);
+  if (st != SOFTMAX_OK) return st;
+  const int pack = vec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  Plan plan;
+  if (p.algo == SOFTMAX_ALGO_FUSED) {
+    if (!plan_rows<T>(p.rows, p.cols, pack, p.family, p.chunks, dev, &plan))
+      return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
+                  static_cast<long long>(p.cols));
+  } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
+    plan_rows<T>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, dev, &plan);
+  } else {
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
+  }
+  const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
+  if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
+  if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
+  if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
+                static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  return launch_plan(op, p.rows, plan, stream, p.workspace);
+}
+
+}  // namespace
+
+int backward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode, Query* q) {
+  int st = check_problem(p);
+  if (st != SOFTMAX_OK) return st;
+  if (p->mask || p->causal_queries)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "backward takes no mask or causal flag: masked positions have y == 0");
+  if (p->rows > 0 && p->cols > 0 && !p->dy) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "dy pointer is NULL");
+  if (p->rows == 0 || p->cols == 0) {
+    if (mode == EntryMode::kWorkspace) q->workspace = 0;
+    if (mode == EntryMode::kDescribe) snprintf(q->text, static_cast<size_t>(q->text_len), "family=none (empty)");
+    return SOFTMAX_OK;
+  }
+  return with_dtype(p->dtype, [&](auto tag) { return backward_typed<decltype(tag)>(*p, stream, mode, q); });
+}

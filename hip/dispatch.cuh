@@ -1,0 +1,287 @@
+// dispatch.cuh — picks a kernel family and configuration for a row length, and launches it.
+//
+// plan() is the one place where row length decides the family; forward.cu and backward.cu call
+// it with their operation, so both directions cross the thresholds at the same lengths. Every
+// launch goes on the caller's stream, is followed by a launch-error check, and nothing here
+// synchronises. Status codes and the thread's error message are set through fail().
+#pragma once
+
+#include <stdio.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels.cuh"
+
+// Defined in capi.cu: records the message for softmax_last_error() and returns `code`.
+int fail(int code, const char* fmt, ...);
+
+// ---------------------------------------------------------------------------------------------
+// Thresholds. Lengths are in packs of kPack elements (16 bytes, or 1 element when unaligned).
+//
+// rows_warp, small rows: 2 packs per lane and 2 rows per group, the group as narrow as the row
+// allows. Two rows in flight per thread double the bytes each lane has outstanding, which is what
+// a row of a few dozen elements lacks; narrow groups keep every lane busy on short rows.
+constexpr int kTinyPacksVec = 2;
+constexpr int kTinyPacksScalar = 4;  // scalar packs are 4x narrower: 4 per lane keeps loads in flight
+constexpr int kTinyRows = 2;
+// rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
+// rows_block above that: one row per block, up to kMaxBlockThreads x max_items values per row.
+// The block's thread count aims at kBlockTargetThreads so that several rows share an SM, which
+// hides each row's reductions behind the loads of the others.
+constexpr int kWarpFamilyThreads = 128;
+constexpr int kBlockTargetThreads = 256;
+// rows_stream: threads per block, and how many resident blocks per SM a launch should provide
+// before rows are split into chunks (fewer rows than that leave SMs idle: split them).
+constexpr int kStreamThreads = 512;
+constexpr int kStreamBlocksPerSm = 2048 / kStreamThreads;
+// Grid-stride loops: at most this many blocks per SM are launched; more adds no parallelism.
+constexpr int kMaxBlocksPerSm = 32;
+static_assert(kWarpFamilyThreads % 64 == 0 && kBlockTargetThreads % 64 == 0 && kStreamThreads % 64 == 0,
+              "block sizes must be whole warps on wave64 and wave32 targets");
+static_assert(kMaxGroup * kTinyPacksVec <= kMaxGroup * 4, "the tiny table must end before the warp table");
+
+// ---------------------------------------------------------------------------------------------
+// The device the launch runs on: looked up once per device and cached.
+
+struct DeviceInfo {
+  int sms = 0, warp = 0;
+};
+
+inline int device_info(DeviceInfo* out) {
+  constexpr int kMaxDevices = 64;
+  static DeviceInfo cache[kMaxDevices];
+  int dev = 0;
+  hipError_t e = hipGetDevice(&dev);
+  if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "no usable GPU: %s", hipGetErrorString(e));
+  if (dev < kMaxDevices && cache[dev].sms > 0) {
+    *out = cache[dev];
+    return SOFTMAX_OK;
+  }
+  DeviceInfo info;
+  e = hipDeviceGetAttribute(&info.sms, hipDeviceAttributeMultiprocessorCount, dev);
+  if (e == hipSuccess) e = hipDeviceGetAttribute(&info.warp, hipDeviceAttributeWarpSize, dev);
+  if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
+  if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
+  *out = info;
+  return SOFTMAX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans.
+
+struct Plan {
+  int family = SOFTMAX_FAMILY_STREAM;  // or SOFTMAX_FAMILY_WARP / _BLOCK, or kNaiveFamily
+  int pack = 1, packs = 1, group = 1, rows_per_group = 1, threads = 0;
+  int64_t blocks = 0, chunks = 1, chunk_cols = 0;
+};
+constexpr int kNaiveFamily = 100;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+inline int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// Smallest entry of {lo, 2lo, 4lo, ... <= hi} with entry * per >= need; 0 if none.
+inline int fit_pow2(int64_t need, int per, int lo, int hi) {
+  for (int k = lo; k <= hi; k *= 2)
+    if (static_cast<int64_t>(k) * per >= need) return k;
+  return 0;
+}
+
+// The plan for rows of `cols` elements of T, packs of `pack` (16 bytes / sizeof(T), or 1).
+// `family` forces a family (SOFTMAX_FAMILY_AUTO lets the length decide); returns false when a
+// forced register family cannot hold the row.
+template <typename T>
+bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, const DeviceInfo& dev,
+               Plan* out) {
+  Plan p;
+  p.pack = pack;
+  const int64_t packs = ceil_div(cols, pack);
+  const int max_packs = max_items<T>() / pack;  // per thread
+  const int tiny = pack > 1 ? kTinyPacksVec : kTinyPacksScalar;
+  const bool auto_family = family == SOFTMAX_FAMILY_AUTO;
+  if ((auto_family || family == SOFTMAX_FAMILY_WARP) && packs <= static_cast<int64_t>(kMaxGroup) * max_packs) {
+    p.family = SOFTMAX_FAMILY_WARP;
+    p.threads = kWarpFamilyThreads;
+    if (packs <= static_cast<int64_t>(kMaxGroup) * tiny) {
+      p.packs = tiny;
+      p.group = next_pow2(ceil_div(packs, tiny));
+      p.rows_per_group = kTinyRows;
+    } else {
+      p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
+      p.group = kMaxGroup;
+      p.rows_per_group = 1;
+    }
+    const int64_t rows_per_block = p.threads / p.group * p.rows_per_group;
+    p.blocks = std::min<int64_t>(ceil_div(rows, rows_per_block), static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+  } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kMaxBlockThreads} * max_packs) {
+    p.family = SOFTMAX_FAMILY_BLOCK;
+    const int lo = pack > 1 ? 2 : 8;  // the smallest per-thread load worth a block
+    p.packs = fit_pow2(packs, kBlockTargetThreads, lo, max_packs);
+    if (!p.packs) p.packs = max_packs;
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kMaxBlockThreads));
+    p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+  } else if (auto_family || family == SOFTMAX_FAMILY_STREAM) {
+    p.family = SOFTMAX_FAMILY_STREAM;
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(packs, dev.warp), kStreamThreads));
+    const int64_t step = static_cast<int64_t>(p.threads) * pack;
+    const int64_t resident = static_cast<int64_t>(dev.sms) * (2048 / p.threads);
+    int64_t want = chunks > 0 ? chunks : (rows >= resident ? 1 : ceil_div(resident, rows));
+    want = std::max<int64_t>(1, std::min(want, ceil_div(cols, step * kStreamUnroll)));
+    p.chunk_cols = round_up(ceil_div(cols, want), step);
+    p.chunks = ceil_div(cols, p.chunk_cols);
+    p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+  } else {
+    return false;
+  }
+  *out = p;
+  return true;
+}
+
+// The reference families: one block per row, as wide as the row needs up to kStreamThreads.
+inline Plan plan_naive(int64_t rows, int64_t cols, int pack, const DeviceInfo& dev) {
+  Plan p;
+  p.family = kNaiveFamily;
+  p.pack = pack;
+  p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(cols, pack), dev.warp), kStreamThreads));
+  p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+  return p;
+}
+
+inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
+  return p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
+}
+
+inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t len) {
+  static const char* names[] = {"auto", "warp", "block", "stream"};
+  const char* name = p.family == kNaiveFamily ? "naive" : names[p.family];
+  snprintf(buf, static_cast<size_t>(len),
+           "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
+           "chunk_cols=%lld workspace=%lld",
+           name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
+           static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace));
+  return SOFTMAX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers: a plan's run-time numbers select one compiled instantiation.
+
+inline int launch_status(const char* family) {
+  const hipError_t e = hipGetLastError();
+  if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "launching %s: %s", family, hipGetErrorString(e));
+  return SOFTMAX_OK;
+}
+
+template <typename Op, int kPack, int kPacks, int kRows>
+int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
+  const dim3 grid(static_cast<unsigned>(p.blocks)), block(p.threads);
+  switch (p.group) {
+    case 1: rows_warp<Op, kPack, kPacks, 1, kRows><<<grid, block, 0, s>>>(op, rows); break;
+    case 2: rows_warp<Op, kPack, kPacks, 2, kRows><<<grid, block, 0, s>>>(op, rows); break;
+    case 4: rows_warp<Op, kPack, kPacks, 4, kRows><<<grid, block, 0, s>>>(op, rows); break;
+    case 8: rows_warp<Op, kPack, kPacks, 8, kRows><<<grid, block, 0, s>>>(op, rows); break;
+    case 16: rows_warp<Op, kPack, kPacks, 16, kRows><<<grid, block, 0, s>>>(op, rows); break;
+    case 32: rows_warp<Op, kPack, kPacks, 32, kRows><<<grid, block, 0, s>>>(op, rows); break;
+    default: return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes", p.group);
+  }
+  static_assert(kMaxGroup == 32, "the cases above list the group widths up to kMaxGroup");
+  return launch_status("rows_warp");
+}
+
+// Per-thread pack counts come in powers of two from `lo` up to max_items / kPack; entries past
+// that limit are never planned and are not compiled.
+template <typename Op, int kPack, int kPacks, int kMaxPacks, typename Launch>
+int by_packs(int packs, Launch launch) {
+  if constexpr (kPacks > kMaxPacks) {
+    return fail(SOFTMAX_ERROR_INTERNAL, "no instantiation for %d packs of %d", packs, kPack);
+  } else {
+    if (packs == kPacks) return launch(std::integral_constant<int, kPacks>());
+    return by_packs<Op, kPack, kPacks * 2, kMaxPacks>(packs, launch);
+  }
+}
+
+template <typename Op, int kPack>
+int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, typename Op::Stat* ws) {
+  using T = typename Op::Storage;
+  constexpr int kMaxPacks = max_items<T>() / kPack;
+  constexpr int kTiny = kPack > 1 ? kTinyPacksVec : kTinyPacksScalar;
+  const dim3 grid(static_cast<unsigned>(p.blocks)), block(p.threads);
+  switch (p.family) {
+    case SOFTMAX_FAMILY_WARP:
+      if (p.rows_per_group == kTinyRows) return launch_warp_group<Op, kPack, kTiny, kTinyRows>(op, rows, p, s);
+      return by_packs<Op, kPack, 2 * kTiny, kMaxPacks>(p.packs, [&](auto k) {
+        return launch_warp_group<Op, kPack, decltype(k)::value, 1>(op, rows, p, s);
+      });
+    case SOFTMAX_FAMILY_BLOCK:
+      return by_packs<Op, kPack, (kPack > 1 ? 2 : 8), kMaxPacks>(p.packs, [&](auto k) {
+        rows_block<Op, kPack, decltype(k)::value><<<grid, block, 0, s>>>(op, rows);
+        return launch_status("rows_block");
+      });
+    case SOFTMAX_FAMILY_STREAM:
+      if (p.chunks == 1) {
+        rows_stream<Op, kPack><<<grid, block, 0, s>>>(op, rows, 1, p.chunk_cols, kStreamWhole, ws);
+        return launch_status("rows_stream");
+      } else {
+        rows_stream<Op, kPack><<<grid, block, 0, s>>>(op, rows, p.chunks, p.chunk_cols, kStreamStats, ws);
+        const int st = launch_status("rows_stream (statistics)");
+        if (st != SOFTMAX_OK) return st;
+        rows_stream<Op, kPack><<<grid, block, 0, s>>>(op, rows, p.chunks, p.chunk_cols, kStreamApply, ws);
+        return launch_status("rows_stream (apply)");
+      }
+    default:
+      return fail(SOFTMAX_ERROR_INTERNAL, "family %d has no launcher here", p.family);
+  }
+}
+
+template <typename Op>
+int launch_plan(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* ws) {
+  using T = typename Op::Storage;
+  constexpr int kVec = 16 / sizeof(T);
+  auto* stats = static_cast<typename Op::Stat*>(ws);
+  return p.pack == kVec ? launch_with_pack<Op, kVec>(op, rows, p, s, stats)
+                        : launch_with_pack<Op, 1>(op, rows, p, s, stats);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers shared by the two directions.
+
+inline bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+// Whether rows of T at `ptr` with `stride` elements between rows can be read in 16-byte packs.
+template <typename T> bool vector_rows(const void* ptr, int64_t stride) {
+  return aligned(ptr, 16) && (stride * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+}
+
+// Common checks of a problem; direction-specific ones stay with the direction.
+inline int check_problem(const softmax_problem_t* p) {
+  if (!p) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "problem is NULL");
+  if (p->struct_size != static_cast<int32_t>(sizeof(softmax_problem_t)))
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "problem.struct_size is %d, this library expects %d (ABI mismatch)",
+                p->struct_size, static_cast<int>(sizeof(softmax_problem_t)));
+  if (p->rows < 0 || p->cols < 0)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "rows=%lld, cols=%lld: expected >= 0",
+                static_cast<long long>(p->rows), static_cast<long long>(p->cols));
+  if (p->dtype < SOFTMAX_FLOAT32 || p->dtype > SOFTMAX_FLOAT64)
+    return fail(SOFTMAX_ERROR_UNSUPPORTED, "dtype %d: expected float32, float16, bfloat16 or float64", p->dtype);
+  if (p->family < SOFTMAX_FAMILY_AUTO || p->family > SOFTMAX_FAMILY_STREAM)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "family %d is not a softmax_family", p->family);
+  if (p->chunks < 0) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "chunks=%lld: expected >= 0", static_cast<long long>(p->chunks));
+  if (p->rows > 0 && p->cols > 0 && (!p->x || !p->out))
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "input or output pointer is NULL");
+  return SOFTMAX_OK;
+}
+
+// Runs `body(type_tag)` with the C++ storage type for problem.dtype.
+template <typename Body> int with_dtype(int dtype, Body body) {
+  switch (dtype) {
+    case SOFTMAX_FLOAT32: return body(float());
+    case SOFTMAX_FLOAT16: return body(__half());
+    case SOFTMAX_BFLOAT16: return body(bf16_t());
+    case SOFTMAX_FLOAT64: return body(double());
+    default: return fail(SOFTMAX_ERROR_UNSUPPORTED, "dtype %d is not supported", dtype);
+  }
+}

@@ -1,0 +1,122 @@
+// forward.cu — the forward dispatcher: softmax(x * scale + mask) over rows, by algorithm.
+//
+//   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length
+//   online  rows_stream: running (max, sum) then normalise, split across blocks for few rows
+//   naive   rows_naive: max, sum, normalise, one block per row
+// Reads x (and the mask) and writes out once, except rows_stream (x twice) and rows_naive (x
+// three times). All launches go on `stream`.
+#include "dispatch.cuh"
+#include "entry.h"
+
+namespace {
+
+int mask_elem_bytes(int dtype) {
+  switch (dtype) {
+    case SOFTMAX_BOOL: return 1;
+    case SOFTMAX_FLOAT16:
+    case SOFTMAX_BFLOAT16: return 2;
+    case SOFTMAX_FLOAT32: return 4;
+    case SOFTMAX_FLOAT64: return 8;
+    default: return 0;
+  }
+}
+
+// Fills the operation from the problem, checking what only the forward direction has.
+template <typename T> int make_op(const softmax_problem_t& p, ForwardOp<T>* op, bool* vec) {
+  using C = typename Compute<T>::type;
+  constexpr int kVec = 16 / sizeof(T);
+  *op = ForwardOp<T>{};
+  op->x = static_cast<const T*>(p.x);
+  op->y = static_cast<T*>(p.out);
+  op->x_stride = p.x_row_stride;
+  op->y_stride = p.out_row_stride;
+  op->cols = p.cols;
+  op->scale = static_cast<C>(p.scale);
+  if (p.causal_queries < 0 || (p.causal_queries > 0 && p.rows % p.causal_queries != 0))
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "causal_queries=%lld must be 0 or divide rows=%lld",
+                static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
+  op->causal_queries = p.causal_queries;
+  *vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.out, p.out_row_stride);
+  if (p.mask_dtype == SOFTMAX_NONE || !p.mask) return SOFTMAX_OK;
+
+  const int mbytes = mask_elem_bytes(p.mask_dtype);
+  if (!mbytes)
+    return fail(SOFTMAX_ERROR_UNSUPPORTED, "mask dtype %d: expected bool, float16, bfloat16, float32 or float64",
+                p.mask_dtype);
+  if (p.mask_ndim < 0 || p.mask_ndim > SOFTMAX_MAX_DIMS)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "mask_ndim=%d: expected 0..%d", p.mask_ndim, SOFTMAX_MAX_DIMS);
+  int64_t covered = 1;
+  bool mask_vec = p.mask_col_stride == 1 && aligned(p.mask, int64_t{kVec} * mbytes);
+  for (int d = 0; d < p.mask_ndim; ++d) {
+    if (p.mask_shape[d] <= 0)
+      return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "mask_shape[%d]=%lld: expected > 0", d,
+                  static_cast<long long>(p.mask_shape[d]));
+    covered *= p.mask_shape[d];
+    op->mask_shape[d] = p.mask_shape[d];
+    op->mask_stride[d] = p.mask_stride[d];
+    if (p.mask_shape[d] > 1 && p.mask_stride[d] % kVec != 0) mask_vec = false;
+  }
+  if (covered != p.rows)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "mask_shape covers %lld rows, the problem has %lld",
+                static_cast<long long>(covered), static_cast<long long>(p.rows));
+  op->mask = static_cast<const unsigned char*>(p.mask);
+  op->mask_dtype = p.mask_dtype;
+  op->mask_ndim = p.mask_ndim;
+  op->mask_col_stride = p.mask_col_stride;
+  op->mask_vec = mask_vec;
+  return SOFTMAX_OK;
+}
+
+template <typename T> int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
+  ForwardOp<T> op;
+  bool vec = false;
+  int st = make_op<T>(p, &op, &vec);
+  if (st != SOFTMAX_OK) return st;
+  DeviceInfo dev;
+  if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
+  const int pack = vec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  Plan plan;
+  switch (p.algo) {
+    case SOFTMAX_ALGO_FUSED:
+      if (!plan_rows<T>(p.rows, p.cols, pack, p.family, p.chunks, dev, &plan))
+        return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
+                    static_cast<long long>(p.cols));
+      break;
+    case SOFTMAX_ALGO_ONLINE:
+      plan_rows<T>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, dev, &plan);
+      break;
+    case SOFTMAX_ALGO_NAIVE:
+      plan = plan_naive(p.rows, p.cols, pack, dev);
+      break;
+    default:
+      return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
+  }
+  const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename ForwardOp<T>::Stat));
+  if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
+  if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
+  if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
+                static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  if (plan.family == kNaiveFamily) {
+    const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
+    if (pack > 1)
+      rows_naive<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(op, p.rows);
+    else
+      rows_naive<T, 1><<<grid, block, 0, stream>>>(op, p.rows);
+    return launch_status("rows_naive");
+  }
+  return launch_plan(op, p.rows, plan, stream, p.workspace);
+}
+
+}  // namespace
+
+int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode, Query* q) {
+  int st = check_problem(p);
+  if (st != SOFTMAX_OK) return st;
+  if (p->rows == 0 || p->cols == 0) {  // nothing to read or write
+    if (mode == EntryMode::kWorkspace) q->workspace = 0;
+    if (mode == EntryMode::kDescribe) snprintf(q->text, static_cast<size_t>(q->text_len), "family=none (empty)");
+    return SOFTMAX_OK;
+  }
+  return with_dtype(p->dtype, [&](auto tag) { return forward_typed<decltype(tag)>(*p, stream, mode, q); });
+}

@@ -1,0 +1,158 @@
+// primitives.cuh — everything the kernel families share; no kernel re-declares any of it.
+//
+//   * storage types and math traits: float16 (vendor __half), bfloat16 (bit pattern, converted
+//     here so both vendors round the same way), float32, float64. Compute<T> is float for the
+//     first three and double for float64: values are widened on load and narrowed on store.
+//   * Pack<T, N>: N elements moved by one aligned vector access (16 bytes at most).
+//   * group and block all-reduce over any associative op (max, sum, the online (max, sum) pair).
+//   * the online-softmax pair and its merge (Milakov & Gimelshein 2018, "Online normalizer
+//     calculation for softmax"), written so that all -inf rows give zeros and NaN propagates.
+// Contracts: every all-reduce returns the result in every participating thread; block_all_reduce
+// must be reached by all threads of the block and may be called back to back with the same scratch.
+#pragma once
+
+#include "compat.h"
+
+// ---------------------------------------------------------------------------------------------
+// Storage types.
+
+struct bf16_t {
+  uint16_t bits;
+};
+
+template <typename T> struct Compute { using type = float; };
+template <> struct Compute<double> { using type = double; };
+
+__device__ __forceinline__ float to_compute(float v) { return v; }
+__device__ __forceinline__ double to_compute(double v) { return v; }
+__device__ __forceinline__ float to_compute(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_compute(bf16_t v) {
+  return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
+}
+__device__ __forceinline__ float to_compute(uint8_t v) { return static_cast<float>(v); }
+
+template <typename T> __device__ __forceinline__ T from_compute(float v);
+template <> __device__ __forceinline__ float from_compute<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_compute<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) {
+  uint32_t u = __float_as_uint(v);
+  bf16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = static_cast<uint16_t>((u >> 16) | 0x0040u);  // keep NaN a (quiet) NaN
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    r.bits = static_cast<uint16_t>(u >> 16);
+  }
+  return r;
+}
+template <typename T> __device__ __forceinline__ T from_compute(double v);
+template <> __device__ __forceinline__ double from_compute<double>(double v) { return v; }
+
+template <typename C> __device__ __forceinline__ C neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double neg_inf<double>() {
+  return -__longlong_as_double(0x7ff0000000000000ll);
+}
+
+// exp(v - m). float goes through exp2 so the argument costs one subtract and one multiply; the
+// subtract comes first so that huge logits close to the max keep their precision.
+__device__ __forceinline__ float exp_sub(float v, float m) {
+  return exp2f((v - m) * 1.4426950408889634f);
+}
+__device__ __forceinline__ double exp_sub(double v, double m) { return exp(v - m); }
+
+// ---------------------------------------------------------------------------------------------
+// Vector packs: N elements of T as one access of N * sizeof(T) bytes (the caller guarantees the
+// alignment; Pack's own alignment makes the compiler emit the single wide instruction).
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void load_pack(const T* p, T (&dst)[N]) {
+  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) dst[i] = pk.v[i];
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* p, const T (&src)[N]) {
+  Pack<T, N> pk;
+#pragma unroll
+  for (int i = 0; i < N; ++i) pk.v[i] = src[i];
+  *reinterpret_cast<Pack<T, N>*>(p) = pk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reduction ops and the online (max, sum) pair.
+
+struct MaxOp {
+  template <typename V> __device__ __forceinline__ V operator()(V a, V b) const {
+    return a > b || b != b ? a : b;  // fmax semantics: a NaN operand loses unless both are NaN
+  }
+};
+struct SumOp {
+  template <typename V> __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+};
+
+// Running softmax normaliser: m = max seen, s = sum of exp(v - m) over the values seen.
+template <typename C> struct MaxSum {
+  C m, s;
+};
+
+// The reference point for exp(): the max itself, except for an empty or all -inf set where it
+// is 0, so that exp(-inf - ref) is 0 and never exp(-inf + inf) = NaN.
+template <typename C> __device__ __forceinline__ C safe_ref(C m) { return m == neg_inf<C>() ? C(0) : m; }
+
+struct MergeMaxSum {
+  template <typename C>
+  __device__ __forceinline__ MaxSum<C> operator()(MaxSum<C> a, MaxSum<C> b) const {
+    const C m = MaxOp()(a.m, b.m);
+    const C ref = safe_ref(m);
+    return {m, a.s * exp_sub(a.m, ref) + b.s * exp_sub(b.m, ref)};
+  }
+};
+
+// 1/s, except that a row with nothing kept (s == 0) normalises to zeros; NaN stays NaN.
+template <typename C> __device__ __forceinline__ C safe_inverse(C s) { return s == C(0) ? C(0) : C(1) / s; }
+
+// ---------------------------------------------------------------------------------------------
+// Lane exchange for the value types the reductions carry.
+
+template <typename V> __device__ __forceinline__ V shfl_xor_value(V v, int lane_mask, int width) {
+  return warp_shfl_xor(v, lane_mask, width);
+}
+template <typename C>
+__device__ __forceinline__ MaxSum<C> shfl_xor_value(MaxSum<C> v, int lane_mask, int width) {
+  return {warp_shfl_xor(v.m, lane_mask, width), warp_shfl_xor(v.s, lane_mask, width)};
+}
+
+// All-reduce inside aligned groups of G consecutive lanes (G a power of two, G <= kMaxGroup).
+// Every lane of the group ends with the result.
+template <int G, typename V, typename Op>
+__device__ __forceinline__ V group_all_reduce(V v, Op op) {
+  static_assert(G >= 1 && G <= kMaxGroup && (G & (G - 1)) == 0, "group must be a power of two");
+#pragma unroll
+  for (int mask = G / 2; mask > 0; mask /= 2) v = op(v, shfl_xor_value(v, mask, G));
+  return v;
+}
+
+// All-reduce over the whole block. `scratch` holds kMaxWarpsPerBlock values of V and is owned by
+// the caller; the trailing barrier lets the next call reuse it at once.
+template <typename V, typename Op>
+__device__ __forceinline__ V block_all_reduce(V v, Op op, V* scratch) {
+  v = group_all_reduce<kWarpSize < kMaxGroup ? kWarpSize : kMaxGroup>(v, op);
+  // A wave64 warp holds two groups of kMaxGroup lanes; fold them with one more exchange.
+  if (kWarpSize > kMaxGroup) v = op(v, shfl_xor_value(v, kMaxGroup, kWarpSize));
+  const int warp = threadIdx.x / kWarpSize;
+  const int nwarps = (blockDim.x + kWarpSize - 1) / kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) scratch[warp] = v;
+  __syncthreads();
+  V r = scratch[0];
+  for (int w = 1; w < nwarps; ++w) r = op(r, scratch[w]);
+  __syncthreads();
+  return r;
+}
