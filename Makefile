@@ -88,7 +88,7 @@ pysoftmax/libsoftmax.so: $(LIB)
 $(LIB): $(OBJECTS)
 	$(COMPILER) $(ARCH_FLAGS) $(LDFLAGS) -o $@ $^
 
-$(BUILD)/%.o: hip/%.cu | $(BUILD)
+$(BUILD)/%.o: hip/%.cu Makefile | $(BUILD)
 	$(COMPILER) $(CXXFLAGS) $(DEPFLAGS) $(ARCH_FLAGS) $(DEFINES) -c $< -o $@
 
 $(BUILD):

@@ -1,0 +1,448 @@
+"""Validation and the public operations.
+
+Every argument is checked from its metadata alone (shape, dtype, strides) before anything touches
+the GPU, so a bad call raises ``TypeError``/``ValueError`` naming the argument and launches
+nothing. Inputs are CuPy arrays or any object with ``__cuda_array_interface__`` or ``__dlpack__``
+(PyTorch, JAX), used in place. A copy is made only when the last axis is not unit-stride or the
+leading axes cannot be walked with one row stride. Work goes on the current CuPy stream unless
+``stream=`` is given, on the device that holds the input; nothing here synchronises.
+"""
+
+import ctypes
+import numbers
+
+import numpy
+
+try:
+    import cupy
+except ImportError:  # pragma: no cover - exercised only on machines without CuPy
+    cupy = None
+
+from . import _lib
+from ._errors import SoftmaxError
+
+_DTYPES = {"float32": _lib.FLOAT32, "float16": _lib.FLOAT16, "bfloat16": _lib.BFLOAT16, "float64": _lib.FLOAT64}
+_MASK_DTYPES = dict(_DTYPES, bool=_lib.BOOL)
+_EXPECTED_DTYPES = "float32, float16, bfloat16 or float64"
+
+
+def _need_cupy():
+    if cupy is None:
+        raise SoftmaxError("CuPy is not installed: pip install cupy-cuda13x (or the wheel for your toolkit)")
+
+
+class _Arr:
+    """A device array argument: its metadata, read without touching the GPU."""
+
+    __slots__ = ("name", "obj", "cp", "ptr", "shape", "strides", "dtype", "producer_stream")
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def cupy(self):
+        """The argument as a CuPy array (a zero-copy view)."""
+        if self.cp is None:
+            _need_cupy()
+            self.cp = cupy.asarray(self.obj)
+        return self.cp
+
+    def device(self):
+        """The device id that holds the data."""
+        if self.cp is not None:
+            return self.cp.device.id
+        _need_cupy()
+        try:
+            return cupy.cuda.runtime.pointerGetAttributes(self.ptr).device
+        except Exception as e:  # no driver, no GPU, or a pointer the runtime does not know
+            raise SoftmaxError(f"no usable GPU for {self.name}: {e}") from e
+
+    def extent(self):
+        """[lo, hi) byte range the array's elements occupy."""
+        lo = hi = self.ptr
+        for n, s in zip(self.shape, self.strides):
+            if n > 1:
+                if s > 0:
+                    hi += (n - 1) * s
+                else:
+                    lo += (n - 1) * s
+        return lo, hi + self.dtype.itemsize
+
+
+def _from_cupy(a, arr):
+    a.cp = arr
+    a.obj = arr
+    a.ptr = arr.data.ptr
+    a.shape = arr.shape
+    a.strides = arr.strides
+    a.dtype = arr.dtype
+    a.producer_stream = None
+    return a
+
+
+def _arr(obj, name):
+    """Read a device array argument; TypeError if `obj` is not one."""
+    a = _Arr()
+    a.name = name
+    if cupy is not None and isinstance(obj, cupy.ndarray):
+        return _from_cupy(a, obj)
+    if isinstance(obj, numpy.ndarray) or numpy.isscalar(obj):
+        raise TypeError(
+            f"{name}: expected a device array (CuPy, or an object with __cuda_array_interface__ or __dlpack__), "
+            f"got {type(obj).__module__}.{type(obj).__name__} in host memory; move it with cupy.asarray()"
+        )
+    try:
+        cai = obj.__cuda_array_interface__
+    except (AttributeError, TypeError, RuntimeError, ValueError):  # absent, or refused (torch bfloat16)
+        cai = None
+    if cai is not None:
+        a.cp = None
+        a.obj = obj
+        a.ptr = int(cai["data"][0] or 0)
+        a.shape = tuple(int(n) for n in cai["shape"])
+        try:
+            a.dtype = numpy.dtype(cai["typestr"])
+        except TypeError:
+            raise TypeError(f"{name}: typestr {cai['typestr']!r} is not a dtype NumPy knows") from None
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            strides, step = [], a.dtype.itemsize
+            for n in reversed(a.shape):
+                strides.append(step)
+                step *= max(n, 1)
+            strides = tuple(reversed(strides))
+        a.strides = tuple(int(s) for s in strides)
+        a.producer_stream = cai.get("stream")
+        return a
+    if hasattr(obj, "__dlpack__"):
+        _need_cupy()
+        try:
+            arr = cupy.from_dlpack(obj)
+        except Exception as e:
+            raise TypeError(f"{name}: could not import it through DLPack ({e})") from e
+        return _from_cupy(a, arr)
+    raise TypeError(
+        f"{name}: expected a CuPy array or an object with __cuda_array_interface__ or __dlpack__, "
+        f"got {type(obj).__module__}.{type(obj).__name__}"
+    )
+
+
+def _dtype_code(a, table=_DTYPES, expected=_EXPECTED_DTYPES):
+    code = table.get(a.dtype.name)
+    if code is None:
+        raise TypeError(f"{a.name}: dtype {a.dtype} is not supported; expected {expected}")
+    return code
+
+
+def _row_stride(a):
+    """Elements between consecutive rows when every row starts one fixed stride after the last
+    and the last axis is unit-stride; None when the kernels cannot walk the array as it is."""
+    item = a.dtype.itemsize
+    shape, strides = a.shape, a.strides
+    if not shape:
+        return 1
+    if shape[-1] > 1 and strides[-1] != item:
+        return None
+    # Leading axes longer than 1, innermost first: each must step over the whole of the next.
+    lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n > 1][::-1]
+    if not lead:
+        return max(shape[-1], 1)
+    row = lead[0][1]
+    for (n_in, s_in), (_, s_out) in zip(lead, lead[1:]):
+        if s_out != s_in * n_in:
+            return None
+    return None if row % item else row // item
+
+
+def _scale(scale, name="scale"):
+    if isinstance(scale, (bool, numpy.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(scale).__name__} {scale!r}")
+    return float(scale)
+
+
+def _check_same(a, b):
+    if a.shape != b.shape:
+        raise ValueError(f"{b.name}: shape {b.shape} does not match {a.name}.shape {a.shape}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{b.name}: dtype {b.dtype} does not match {a.name}.dtype {a.dtype}")
+
+
+def _check_out(out, inputs):
+    """`out` may be one of the inputs exactly (in place) but must not partly overlap any."""
+    lo, hi = out.extent()
+    for a in inputs:
+        if a.size == 0 or out.size == 0:
+            continue
+        same = a.ptr == out.ptr and a.strides == out.strides
+        alo, ahi = a.extent()
+        if not same and lo < ahi and alo < hi:
+            raise ValueError(f"out: overlaps {a.name} without being {a.name} itself (in place needs out={a.name})")
+
+
+def _mask_layout(m, xshape):
+    """Broadcast the mask to x.shape through strides. Returns (col_stride, [(size, stride)...]) in
+    elements over the row index, merged where consecutive axes allow, or raises ValueError."""
+    nd, md = len(xshape), len(m.shape)
+    if md > nd:
+        raise ValueError(f"mask: shape {m.shape} has more dimensions than x.shape {xshape}")
+    item = m.dtype.itemsize
+    if any(s % item for s in m.strides):
+        return None
+    shape = (1,) * (nd - md) + tuple(m.shape)
+    strides = (0,) * (nd - md) + tuple(s // item for s in m.strides)
+    for d in range(nd):
+        if shape[d] != xshape[d] and shape[d] != 1:
+            raise ValueError(
+                f"mask: shape {m.shape} does not broadcast to x.shape {xshape} "
+                f"(axis {d - nd}: {shape[d]} vs {xshape[d]}; expected 1 or {xshape[d]})"
+            )
+    strides = [0 if shape[d] == 1 else strides[d] for d in range(nd)]
+    dims = []
+    for d in range(nd - 1):
+        n, s = xshape[d], strides[d]
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == s * n:  # the outer axis steps exactly over the inner one
+            dims[-1] = (dims[-1][0] * n, s)
+        else:
+            dims.append((n, s))
+    rows = 1
+    for n in xshape[:-1]:
+        rows *= n
+    return strides[-1] if nd else 0, dims or [(rows, 0)]
+
+
+def _resolve_stream(stream, device):
+    """(ptr, cupy stream object or None if it is already current) for the launch."""
+    if stream is None:
+        return cupy.cuda.get_current_stream().ptr, None
+    if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
+        return int(stream.ptr), stream
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        ptr = int(stream.cuda_stream)
+    elif isinstance(stream, numbers.Integral):
+        ptr = int(stream)
+    else:
+        raise TypeError(f"stream: expected a CuPy stream, a torch.cuda.Stream or a stream pointer, got {type(stream).__name__}")
+    return ptr, cupy.cuda.ExternalStream(ptr, device)
+
+
+def _wait_producers(arrs, stream_ptr, device):
+    """CUDA array interface v3: work queued on the producer's stream must finish first."""
+    for a in arrs:
+        p = a.producer_stream
+        if p is not None and int(p) != stream_ptr:
+            event = cupy.cuda.Event(disable_timing=True)
+            event.record(cupy.cuda.ExternalStream(int(p), device))
+            cupy.cuda.ExternalStream(stream_ptr, device).wait_event(event)
+
+
+class _Context:
+    """Enters the input's device and the launch stream only when they are not already current."""
+
+    def __init__(self, device, stream):
+        self.device, self.stream = device, stream
+        self.entered = []
+
+    def __enter__(self):
+        if cupy.cuda.runtime.getDevice() != self.device:
+            d = cupy.cuda.Device(self.device)
+            d.__enter__()
+            self.entered.append(d)
+        if self.stream is not None:
+            self.stream.__enter__()
+            self.entered.append(self.stream)
+        return self
+
+    def __exit__(self, *exc):
+        for obj in reversed(self.entered):
+            obj.__exit__(*exc)
+
+
+def _workspace(problem, direction):
+    nbytes = ctypes.c_int64(0)
+    _lib.check(_lib.lib().softmax_workspace_size(ctypes.byref(problem), direction, ctypes.byref(nbytes)))
+    if nbytes.value == 0:
+        return None
+    ws = cupy.empty(nbytes.value, dtype=numpy.uint8)
+    problem.workspace = ws.data.ptr
+    problem.workspace_bytes = nbytes.value
+    return ws
+
+
+def _walkable(a):
+    """A CuPy array with one row stride and a unit-stride last axis: `a` itself, or a copy."""
+    stride = _row_stride(a)
+    if stride is not None:
+        return a.cupy(), stride
+    arr = cupy.ascontiguousarray(a.cupy())
+    return arr, max(arr.shape[-1], 1) if arr.ndim else 1
+
+
+def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family, chunks):
+    """Common tail of every operation: device/stream, copies, output, workspace, launch.
+
+    `inputs` are the already validated _Arr operands (x, or y and dy); `fill(problem, arrays,
+    strides)` sets the direction's fields."""
+    _need_cupy()
+    device = inputs[0].device()
+    for a in inputs[1:] + [m for m in (mask, out) if m is not None]:
+        d = a.device()
+        if d != device:
+            raise ValueError(f"{a.name}: is on device {d}, {inputs[0].name} on device {device}")
+    with _Context(device, None):
+        stream_ptr, stream_obj = _resolve_stream(stream, device)
+        with _Context(device, stream_obj):
+            _wait_producers(inputs + [m for m in (mask, out) if m is not None], stream_ptr, device)
+            if out is None:
+                result = target = cupy.empty(shape, dtype=dtype)
+                target_stride = max(shape[-1], 1) if shape else 1
+            else:
+                result = out.cupy()
+                target_stride = _row_stride(out)
+                target = result if target_stride is not None else cupy.empty(shape, dtype=dtype)
+                if target_stride is None:
+                    target_stride = max(shape[-1], 1) if shape else 1
+            rows_cols = _rows_cols(shape)
+            if rows_cols[0] * rows_cols[1] == 0:
+                return result
+            arrays, strides = zip(*(_walkable(a) for a in inputs))
+            p = _lib.Problem()
+            p.algo, p.rows, p.cols = algo, rows_cols[0], rows_cols[1]
+            p.out, p.out_row_stride = target.data.ptr, target_stride
+            p.family, p.chunks = family, chunks
+            keep = fill(p, arrays, strides)
+            ws = _workspace(p, direction)
+            launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
+            _lib.check(launch(ctypes.byref(p), ctypes.c_void_p(stream_ptr)))
+            del keep, ws  # the pool is stream-ordered: released only after the queued work
+            if target is not result:
+                result[...] = target
+            return result
+
+
+def _rows_cols(shape):
+    if not shape:
+        return 1, 1
+    rows = 1
+    for n in shape[:-1]:
+        rows *= n
+    return rows, shape[-1]
+
+
+def _axis(axis, ndim):
+    if isinstance(axis, (bool, numpy.bool_)) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"axis: expected an int, got {type(axis).__name__}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError(f"axis: {axis} is out of range for an array of {ndim} dimension(s)")
+    return axis % max(ndim, 1)
+
+
+def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=False, out=None, stream=None,
+            family=_lib.FAMILY_AUTO, chunks=0):
+    """Forward softmax with every option; the public functions below are thin views of this."""
+    xa = _arr(x, "x")
+    code = _dtype_code(xa)
+    ndim = len(xa.shape)
+    axis = _axis(axis, ndim)
+    scale = _scale(scale)
+    if not isinstance(causal, (bool, numpy.bool_)):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if causal and ndim < 2:
+        raise ValueError(f"causal: needs x with at least 2 dimensions (queries, keys), got shape {xa.shape}")
+    oa = None
+    if out is not None:
+        oa = _arr(out, "out")
+        _check_same(xa, oa)
+        _check_out(oa, [xa])
+    ma, mcode, layout = None, _lib.NONE, None
+    if mask is not None:
+        ma = _arr(mask, "mask")
+        mcode = _dtype_code(ma, _MASK_DTYPES, "bool (True keeps) or a float dtype (added to the logits)")
+        layout = _mask_layout(ma, xa.shape)
+    if ndim and axis != ndim - 1:
+        _need_cupy()
+        moved = cupy.moveaxis(xa.cupy(), axis, -1)
+        y = forward(moved, algo=algo, scale=scale, stream=stream, family=family, chunks=chunks)
+        y = cupy.moveaxis(y, -1, axis)
+        if oa is None:
+            return y
+        with _Context(oa.device(), _resolve_stream(stream, oa.device())[1]):
+            oa.cupy()[...] = y
+        return oa.cupy()
+    state = {}
+
+    def fill(p, arrays, strides):
+        p.dtype = code
+        p.x, p.x_row_stride = arrays[0].data.ptr, strides[0]
+        p.scale = scale
+        p.causal_queries = xa.shape[-2] if causal else 0
+        if ma is not None:
+            m, lay = ma, layout
+            if lay is None or len(lay[1]) > _lib.MAX_DIMS:  # odd strides, or too many axes to describe
+                state["mask"] = cupy.ascontiguousarray(cupy.broadcast_to(ma.cupy(), xa.shape))
+                m = _arr(state["mask"], "mask")
+                lay = _mask_layout(m, xa.shape)
+            p.mask, p.mask_dtype = m.ptr, mcode
+            p.mask_col_stride = lay[0]
+            p.mask_ndim = len(lay[1])
+            for d, (n, s) in enumerate(lay[1]):
+                p.mask_shape[d], p.mask_stride[d] = n, s
+        return arrays, state
+
+    shape = xa.shape
+    return _run(_lib.FORWARD, algo, [xa], ma, oa, shape, xa.dtype, fill, stream,
+                family, chunks)
+
+
+def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=None, family=_lib.FAMILY_AUTO,
+                  chunks=0):
+    """Backward softmax with every option; `backward` and `naive_backward` are views of this."""
+    ya = _arr(y, "y")
+    code = _dtype_code(ya)
+    da = _arr(dy, "dy")
+    _check_same(ya, da)
+    scale = _scale(scale)
+    oa = None
+    if out is not None:
+        oa = _arr(out, "out")
+        _check_same(ya, oa)
+        _check_out(oa, [ya, da])
+
+    def fill(p, arrays, strides):
+        p.dtype = code
+        p.x, p.x_row_stride = arrays[0].data.ptr, strides[0]
+        p.dy, p.dy_row_stride = arrays[1].data.ptr, strides[1]
+        p.scale = scale
+        return arrays
+
+    return _run(_lib.BACKWARD, algo, [ya, da], None, oa, ya.shape, ya.dtype, fill, stream, family, chunks)
+
+
+def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, aligned=True):
+    """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
+
+    For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
+    _need_cupy()
+    shape = tuple(shape)
+    rows, cols = _rows_cols(shape)
+    p = _lib.Problem()
+    p.algo = {"fused": _lib.ALGO_FUSED, "online": _lib.ALGO_ONLINE, "naive": _lib.ALGO_NAIVE}[algo]
+    p.dtype = _DTYPES[numpy.dtype(dtype).name]
+    p.rows, p.cols = rows, cols
+    base = 1 << 20 if aligned else (1 << 20) + 2  # never dereferenced: only alignment is read
+    p.x = p.dy = p.out = base
+    p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
+    p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
+                "stream": _lib.FAMILY_STREAM}[family]
+    p.chunks = chunks
+    buf = ctypes.create_string_buffer(512)
+    _lib.check(_lib.lib().softmax_describe(ctypes.byref(p), 0 if direction == "forward" else 1, buf, len(buf)))
+    out = {}
+    for kv in buf.value.decode().split():
+        k, v = kv.split("=", 1)
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
