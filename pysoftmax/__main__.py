@@ -1,0 +1,75 @@
+"""Command line: ``python -m pysoftmax info`` and ``python -m pysoftmax bench`` (the main job)."""
+
+import argparse
+import sys
+
+
+def _shapes(text):
+    try:
+        return [tuple(int(n) for n in s.lower().split("x")) for s in text.split(",") if s]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes: expected ROWSxCOLS[,ROWSxCOLS...], got {text!r}") from None
+
+
+def _gpu_or_exit(what):
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return True
+    except Exception as e:
+        print(f"{what}: no usable GPU ({str(e).splitlines()[0]})", file=sys.stderr)
+        return False
+    print(f"{what}: no GPU device found", file=sys.stderr)
+    return False
+
+
+def info(args):
+    import pysoftmax
+
+    print(f"pysoftmax {pysoftmax.__version__}")
+    try:
+        for k, v in pysoftmax.build_info().items():
+            print(f"  {k:9} {v}")
+    except pysoftmax.LibraryNotFoundError as e:
+        print(f"  library: {e}")
+        return 1
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+        for d in range(n):
+            p = cupy.cuda.runtime.getDeviceProperties(d)
+            print(f"  gpu {d}    {p['name'].decode()} ({p['multiProcessorCount']} SMs, warp {p['warpSize']})")
+    except Exception as e:
+        print(f"  gpu       none usable ({str(e).splitlines()[0]})")
+    return 0
+
+
+def bench(args):
+    if not _gpu_or_exit("bench"):
+        return 2
+    from . import _bench
+
+    report = _bench.run(shapes=args.shapes, dtypes=args.dtypes, attention=not args.no_attention,
+                        json_path=args.json)
+    print(_bench.table(report))
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m pysoftmax", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="platform, architectures built, library path, GPUs found").set_defaults(fn=info)
+    b = sub.add_parser("bench", help="time pysoftmax against CuPy and torch: GB/s and %% of copy bandwidth")
+    b.add_argument("--shapes", type=_shapes, help="ROWSxCOLS,... (default: PERF.md's table)")
+    b.add_argument("--dtypes", type=lambda s: s.split(","), help="float32,float16,bfloat16 (default all three)")
+    b.add_argument("--no-attention", action="store_true", help="skip the [B,H,S,S] attention cases")
+    b.add_argument("--json", help="write every measurement to this JSON file")
+    b.set_defaults(fn=bench)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Helpers for the GPU tests: float64 references, dtype conversion, per-row error, poisoning."""
+
+import numpy
+
+try:
+    import cupy
+except ImportError:  # pragma: no cover
+    cupy = None
+
+try:
+    import ml_dtypes
+
+    BF16 = numpy.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    BF16 = None
+
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+# Max over rows of ||y - ref|| / ||ref|| (the issue's acceptance bounds).
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2, "float64": 1e-12}
+
+
+def np_dtype(name):
+    return BF16 if name == "bfloat16" else numpy.dtype(name)
+
+
+def rng():
+    """A fresh generator per call (inputs differ run to run); the seed is kept for messages."""
+    seed = int(numpy.random.SeedSequence().entropy % (1 << 32))
+    g = numpy.random.default_rng(seed)
+    g.seed = seed
+    return g
+
+
+def to_device(a64, dtype):
+    """A float64 host array as a device array of `dtype` (bfloat16 rounded on the host)."""
+    host = numpy.asarray(a64).astype(np_dtype(dtype))
+    if dtype == "bfloat16":
+        return cupy.asarray(host.view(numpy.uint16)).view(BF16)
+    return cupy.asarray(host)
+
+
+def to_host64(a):
+    """A device array back as float64 on the host."""
+    if a.dtype == BF16:
+        return cupy.asnumpy(a.view(cupy.uint16)).view(BF16).astype(numpy.float64)
+    return cupy.asnumpy(a).astype(numpy.float64)
+
+
+def rounded(a64, dtype):
+    """What the device sees after the input is stored in `dtype`."""
+    return numpy.asarray(a64).astype(np_dtype(dtype)).astype(numpy.float64)
+
+
+def poisoned(shape, dtype, value=numpy.nan):
+    """An output buffer full of `value`: any element the kernel fails to write shows up."""
+    return to_device(numpy.full(shape, value), dtype)
+
+
+def ref_softmax(x, scale=1.0, mask=None, causal=False):
+    """softmax(x * scale + mask) in float64; rows with nothing kept are zeros."""
+    z = numpy.asarray(x, numpy.float64) * scale
+    if mask is not None:
+        mask = numpy.asarray(mask)
+        z = numpy.where(mask, z, -numpy.inf) if mask.dtype == bool else z + mask.astype(numpy.float64)
+    if causal:
+        q, k = z.shape[-2], z.shape[-1]
+        z = numpy.where(numpy.arange(k)[None, :] > numpy.arange(q)[:, None], -numpy.inf, z)
+    with numpy.errstate(invalid="ignore", over="ignore"):
+        m = numpy.max(z, axis=-1, keepdims=True) if z.shape[-1] else numpy.zeros(z.shape[:-1] + (1,))
+        m = numpy.where(m == -numpy.inf, 0.0, m)
+        e = numpy.exp(z - m)
+        s = e.sum(axis=-1, keepdims=True)
+        return numpy.where(s == 0, 0.0, e / numpy.where(s == 0, 1.0, s))
+
+
+def ref_backward(y, dy, scale=1.0):
+    y = numpy.asarray(y, numpy.float64)
+    dy = numpy.asarray(dy, numpy.float64)
+    return scale * y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+
+
+def row_error(got, ref):
+    """Max over rows of ||got - ref|| / ||ref||; rows whose reference is all zero must be zero."""
+    got = numpy.asarray(got, numpy.float64).reshape(-1, ref.shape[-1] if ref.ndim else 1)
+    ref = numpy.asarray(ref, numpy.float64).reshape(got.shape)
+    num = numpy.sqrt(((got - ref) ** 2).sum(axis=-1))
+    den = numpy.sqrt((ref**2).sum(axis=-1))
+    zero = den == 0
+    err = numpy.where(zero, num, num / numpy.where(zero, 1.0, den))
+    return float(err.max()) if err.size else 0.0
+
+
+def assert_close(got, ref, dtype, what=""):
+    err = row_error(got, ref)
+    assert numpy.isfinite(err) and err <= TOL[dtype], f"{what}: max row error {err:.3e} > {TOL[dtype]:.0e} ({dtype})"
+    return err

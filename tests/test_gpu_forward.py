@@ -1,0 +1,287 @@
+"""Forward softmax on the GPU against a float64 NumPy reference.
+
+Shapes cross every dispatch threshold of hip/dispatch.cuh (rows_warp tiny/medium tables,
+rows_block, rows_stream with and without a split), in every dtype, with outputs poisoned first.
+"""
+
+import numpy
+import pytest
+
+from _util import DTYPES, TOL, assert_close, poisoned, ref_softmax, rng, rounded, row_error, to_device, to_host64
+
+pytestmark = pytest.mark.gpu
+
+try:
+    import cupy
+    import pysoftmax
+    from pysoftmax import _ops
+except ImportError:  # pragma: no cover
+    pass
+
+ALGOS = ["naive", "online", "fused"]
+# Column counts on both sides of every threshold (in elements, for 2/4/8-byte types, vector and
+# scalar packs): tiny-table groups 8..256, warp table 512/1024, block up to 16384/32768, stream.
+COLS = [1, 2, 3, 4, 5, 8, 9, 31, 32, 33, 64, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024,
+        1025, 2047, 2048, 4097, 8192, 16383, 16384, 16385, 32767, 32768, 32769, 65537]
+
+
+def run(algo, x, **kw):
+    return getattr(pysoftmax, algo)(x, **kw)
+
+
+def check_forward(algo, rows, cols, dtype, g, spread=3.0, **kw):
+    x64 = rounded(g.standard_normal((rows, cols)) * spread, dtype)
+    x = to_device(x64, dtype)
+    out = poisoned((rows, cols), dtype)
+    y = run(algo, x, out=out, **kw)
+    assert y is out
+    return assert_close(to_host64(y), ref_softmax(x64), dtype, f"{algo} {rows}x{cols} seed={g.seed}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", COLS)
+def test_fused_threshold_grid(cols, dtype):
+    rows = 37 if cols <= 4097 else 5
+    check_forward("fused", rows, cols, dtype, rng())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algo", ["naive", "online"])
+@pytest.mark.parametrize("cols", [1, 31, 32, 33, 1000, 1024, 1025, 4097, 65537])
+def test_reference_algorithms(algo, cols, dtype):
+    check_forward(algo, 9, cols, dtype, rng())
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_long_rows(algo, dtype):
+    # 1 << 20 columns: far past on-chip capacity; online/fused split few rows across blocks.
+    check_forward(algo, 3, 1 << 20, dtype, rng())
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_irregular_shape(algo):
+    for dtype in DTYPES:
+        check_forward(algo, 1823, 781, dtype, rng())
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 32), (1_000_000, 1), (1_000_000, 32), (100_000, 33), (3, 12345)])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_row_counts(algo, rows, cols):
+    check_forward(algo, rows, cols, "float32", rng())
+
+
+@pytest.mark.parametrize("family", ["warp", "block", "stream"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1, 7, 64, 333, 1024])
+def test_every_family_on_the_same_rows(family, dtype, cols):
+    """Forcing each family on shapes they can all hold: they must agree with the reference."""
+    g = rng()
+    x64 = rounded(g.standard_normal((19, cols)) * 4, dtype)
+    out = poisoned((19, cols), dtype)
+    fam = {"warp": 1, "block": 2, "stream": 3}[family]
+    y = _ops.forward(to_device(x64, dtype), out=out, family=fam)
+    assert_close(to_host64(y), ref_softmax(x64), dtype, f"{family} {cols} seed={g.seed}")
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 7, 64])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_stream_split_rows(chunks, dtype):
+    """rows_stream split into chunks (two launches and a workspace), forced on small shapes."""
+    g = rng()
+    x64 = rounded(g.standard_normal((5, 40000)) * 5, dtype)
+    y = _ops.forward(to_device(x64, dtype), out=poisoned((5, 40000), dtype), family=3, chunks=chunks)
+    assert_close(to_host64(y), ref_softmax(x64), dtype, f"chunks={chunks} seed={g.seed}")
+
+
+def test_plan_crosses_thresholds():
+    """The dispatcher's families change where hip/dispatch.cuh says they do."""
+    fam = lambda cols, dt="float32", **kw: _ops.plan((64, cols), dt, **kw)["family"]
+    assert fam(256) == "warp" and fam(1024) == "warp" and fam(1025) == "block"
+    assert fam(32768) == "block" and fam(32769) == "stream"
+    assert fam(1024, "float16") == "warp" and fam(1025, "float16") == "block"
+    assert fam(512, "float64") == "warp" and fam(513, "float64") == "block"
+    assert fam(16384, "float64") == "block" and fam(16385, "float64") == "stream"
+    assert fam(1024, aligned=False) == "warp" and fam(1025, aligned=False) == "block"
+    assert _ops.plan((64, 1000), "float32")["pack"] == 4
+    assert _ops.plan((64, 1000), "float32", aligned=False)["pack"] == 1
+    assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
+    assert _ops.plan((4096, 1 << 18), "float32")["chunks"] == 1
+    assert _ops.plan((1, 1 << 24), "float32", algo="online")["family"] == "stream"
+    assert _ops.plan((64, 10), "float32", algo="naive")["family"] == "naive"
+
+
+# ----------------------------------------------------------------------------------------------
+# Edge values.
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("cols", [1, 5, 200, 3000, 40000])
+def test_edge_values(algo, dtype, cols):
+    """-inf entries, an all -inf row (zeros), a NaN row (NaN), a +inf row (NaN), huge logits."""
+    g = rng()
+    big = {"float16": 6e4, "bfloat16": 3e38, "float32": 3e38, "float64": 1e300}[dtype]
+    x64 = rounded(g.standard_normal((6, cols)) * 3, dtype)
+    x64[0, ::2] = -numpy.inf
+    x64[1, :] = -numpy.inf
+    x64[2, cols // 2] = numpy.nan
+    x64[3, cols // 3] = numpy.inf
+    x64[4, :] = rounded(g.uniform(-1, 1, cols) * big, dtype)
+    x64[5, :] = rounded(g.uniform(-1, 1, cols), dtype) - big / 2
+    y = to_host64(run(algo, to_device(x64, dtype), out=poisoned(x64.shape, dtype, 123.0)))
+    ref = ref_softmax(x64)
+    assert numpy.all(y[1] == 0), "an all -inf row must give zeros"
+    assert numpy.all(numpy.isnan(y[2])), "a NaN in a row gives NaN in that row"
+    assert numpy.all(numpy.isnan(y[3])), "a +inf logit gives NaN (inf - inf), as torch and NumPy do"
+    for r in (0, 4, 5):
+        assert row_error(y[r], ref[r]) <= TOL[dtype], f"row {r} seed={g.seed}"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_empty_and_scalar(algo):
+    for shape in [(0,), (0, 5), (5, 0), (3, 0, 7), ()]:
+        x = cupy.ones(shape, dtype=cupy.float32)
+        y = run(algo, x)
+        assert y.shape == shape and y.dtype == x.dtype
+        if shape == ():
+            assert float(y) == 1.0
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_column(algo):
+    x = cupy.asarray([[3.0], [-numpy.inf], [numpy.nan], [1e30]], dtype=cupy.float32)
+    y = cupy.asnumpy(run(algo, x)).ravel()
+    assert y[0] == 1.0 and y[1] == 0.0 and numpy.isnan(y[2]) and y[3] == 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Layouts, out=, axis=, streams, devices, interop.
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_strided_inputs(algo):
+    g = rng()
+    base64 = g.standard_normal((64, 2 * 781 + 3)) * 3
+    base = cupy.asarray(base64)
+    views = {
+        "sliced columns": (base[:, :781], base64[:, :781]),  # row stride > cols, unaligned rows
+        "every other row": (base[::2, :512], base64[::2, :512]),
+        "every other column": (base[:, ::2], base64[:, ::2]),  # last axis not unit-stride: copied
+        "transposed": (base[:40, :64].T, base64[:40, :64].T),
+        "negative row stride": (base[::-1, :100], base64[::-1, :100]),
+        "3-d non-collapsible": (base[:, :600].reshape(8, 8, 600)[:, ::2], base64[:, :600].reshape(8, 8, 600)[:, ::2]),
+    }
+    for name, (x, x64) in views.items():
+        before = cupy.asnumpy(base)
+        y = run(algo, x)
+        assert y.shape == x.shape
+        assert_close(cupy.asnumpy(y), ref_softmax(x64), "float64", f"{algo} {name} seed={g.seed}")
+        assert numpy.array_equal(cupy.asnumpy(base), before), f"{name}: the input was modified"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_is_x(algo, dtype):
+    g = rng()
+    for cols in (100, 5000, 70000):
+        x64 = rounded(g.standard_normal((7, cols)) * 3, dtype)
+        x = to_device(x64, dtype)
+        y = run(algo, x, out=x)
+        assert y is x
+        assert_close(to_host64(x), ref_softmax(x64), dtype, f"in place {cols} seed={g.seed}")
+
+
+def test_out_strided_and_errors():
+    g = rng()
+    x64 = g.standard_normal((16, 300))
+    x = cupy.asarray(x64)
+    big = cupy.full((16, 600), 7.0)
+    out = big[:, ::2]  # not unit-stride: written through a temporary
+    y = pysoftmax.fused(x, out=out)
+    assert y.data.ptr == out.data.ptr
+    assert_close(cupy.asnumpy(big[:, ::2]), ref_softmax(x64), "float64", "strided out")
+    assert numpy.all(cupy.asnumpy(big[:, 1::2]) == 7.0), "elements between the out columns were touched"
+    with pytest.raises(ValueError, match="out"):
+        pysoftmax.fused(x, out=cupy.empty((16, 301)))
+    with pytest.raises(TypeError, match="out"):
+        pysoftmax.fused(x, out=cupy.empty((16, 300), dtype=cupy.float32))
+    with pytest.raises(ValueError, match="overlaps"):
+        whole = cupy.asarray(g.standard_normal((17, 300)))
+        pysoftmax.fused(whole[1:], out=whole[:-1])
+
+
+@pytest.mark.parametrize("algo", ["naive", "online"])
+def test_axis(algo):
+    g = rng()
+    x64 = g.standard_normal((6, 50, 7)) * 2
+    for axis in (0, 1, -2, 2, -1):
+        y = run(algo, cupy.asarray(x64), axis=axis)
+        ref = numpy.moveaxis(ref_softmax(numpy.moveaxis(x64, axis, -1)), -1, axis)
+        assert_close(cupy.asnumpy(y), ref, "float64", f"axis={axis}")
+    out = cupy.full(x64.shape, numpy.nan)
+    y = run(algo, cupy.asarray(x64), axis=0, out=out)
+    assert y is out
+    assert_close(cupy.asnumpy(out), numpy.moveaxis(ref_softmax(numpy.moveaxis(x64, 0, -1)), -1, 0), "float64", "out")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_non_default_stream(algo):
+    g = rng()
+    x64 = g.standard_normal((4096, 1000)).astype(numpy.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        x = cupy.asarray(x64)
+    y = run(algo, x, stream=s)
+    s.synchronize()
+    assert_close(cupy.asnumpy(y), ref_softmax(x64), "float32", "stream=")
+    with s:  # the current stream, entered by the caller
+        y2 = run(algo, x)
+    s.synchronize()
+    assert_close(cupy.asnumpy(y2), ref_softmax(x64), "float32", "with stream")
+    y3 = run(algo, x, stream=s.ptr)  # a raw pointer
+    s.synchronize()
+    assert_close(cupy.asnumpy(y3), ref_softmax(x64), "float32", "stream pointer")
+
+
+def test_cuda_array_interface_input():
+    class Wrapped:
+        def __init__(self, a):
+            self.a = a
+            self.__cuda_array_interface__ = a.__cuda_array_interface__
+
+    g = rng()
+    x64 = g.standard_normal((33, 129))
+    x = cupy.asarray(x64, dtype=cupy.float32)
+    y = pysoftmax.fused(Wrapped(x))
+    assert isinstance(y, cupy.ndarray)
+    assert_close(cupy.asnumpy(y), ref_softmax(x.get()), "float32", "CAI")
+    before = x.copy()
+    pysoftmax.fused(Wrapped(x), out=x)  # in place through the interface: no copy was made
+    assert not cupy.array_equal(x, before)
+
+
+def test_torch_interop():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    g = rng()
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        t = torch.from_numpy(g.standard_normal((64, 333))).to("cuda", dt)
+        y = pysoftmax.fused(t, scale=0.5)
+        ref = torch.softmax(t.double() * 0.5, -1).cpu().numpy()
+        name = str(dt).split(".")[-1]
+        assert_close(to_host64(y), ref, name, f"torch {name}")
+        assert torch.from_dlpack(y).dtype == dt
+
+
+def test_jax_interop():
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("jax has no GPU device")
+    import jax.numpy as jnp
+
+    g = rng()
+    x64 = g.standard_normal((16, 100)).astype(numpy.float32)
+    y = pysoftmax.online(jnp.asarray(x64))
+    assert_close(cupy.asnumpy(y), ref_softmax(x64), "float32", "jax")

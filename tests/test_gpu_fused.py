@@ -1,0 +1,209 @@
+"""fused (scale + mask + causal) and backward on the GPU against float64 references."""
+
+import numpy
+import pytest
+
+from _util import DTYPES, TOL, assert_close, np_dtype, poisoned, ref_backward, ref_softmax, rng, rounded, row_error
+from _util import to_device, to_host64
+
+pytestmark = pytest.mark.gpu
+
+try:
+    import cupy
+    import pysoftmax
+    from pysoftmax import _ops
+except ImportError:  # pragma: no cover
+    pass
+
+B, H, Q, K = 2, 3, 5, 67
+
+
+def make_mask(g, shape, kind, dtype_for_add="float32"):
+    if kind == "bool":
+        m = g.random(shape) > 0.3
+        return m, cupy.asarray(m)
+    m = rounded(g.standard_normal(shape) * 2, kind)
+    return m, to_device(m, kind)
+
+
+MASK_SHAPES = {
+    "padding [B,1,1,K]": (B, 1, 1, K),
+    "[B,1,Q,K]": (B, 1, Q, K),
+    "[Q,K]": (Q, K),
+    "[K]": (K,),
+    "[1]": (1,),
+    "scalar": (),
+    "full [B,H,Q,K]": (B, H, Q, K),
+    "column [B,H,Q,1]": (B, H, Q, 1),
+    "[H,1,K]": (H, 1, K),
+}
+
+
+@pytest.mark.parametrize("kind", ["bool", "float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("name", list(MASK_SHAPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mask_kinds_and_broadcasts(name, kind, dtype):
+    g = rng()
+    x64 = rounded(g.standard_normal((B, H, Q, K)) * 3, dtype)
+    m_host, m = make_mask(g, MASK_SHAPES[name], kind)
+    y = pysoftmax.fused(to_device(x64, dtype), scale=0.7, mask=m, out=poisoned(x64.shape, dtype))
+    assert_close(to_host64(y), ref_softmax(x64, 0.7, m_host), dtype, f"{name} {kind} seed={g.seed}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [8, 67, 1024, 1500, 40000])
+def test_mask_across_families(dtype, k):
+    """The mask reaches every family: rows in registers (vector and scalar packs) and streamed."""
+    g = rng()
+    x64 = rounded(g.standard_normal((2, 2, 3, k)) * 3, dtype)
+    pad = g.random((2, 1, 1, k)) > 0.5
+    pad[1, ..., : k // 2] = False
+    full = rounded(g.standard_normal((2, 1, 3, k)), "float32")
+    for mask_host, mask in ((pad, cupy.asarray(pad)), (full, cupy.asarray(full, dtype=cupy.float32))):
+        y = pysoftmax.fused(to_device(x64, dtype), mask=mask, out=poisoned(x64.shape, dtype))
+        assert_close(to_host64(y), ref_softmax(x64, 1.0, mask_host), dtype, f"k={k} seed={g.seed}")
+
+
+def test_mask_non_contiguous():
+    g = rng()
+    x64 = g.standard_normal((4, 64, 64))
+    m = g.random((64, 64)) > 0.4
+    mt = cupy.asarray(m).T  # mask columns are not unit-stride: read element by element
+    y = pysoftmax.fused(cupy.asarray(x64), mask=mt)
+    assert_close(cupy.asnumpy(y), ref_softmax(x64, 1.0, m.T), "float64", "transposed mask")
+    madd = cupy.asarray(g.standard_normal((4, 1, 128)))[:, :, ::2]  # strided additive mask
+    y = pysoftmax.fused(cupy.asarray(x64), mask=madd)
+    assert_close(cupy.asnumpy(y), ref_softmax(x64, 1.0, cupy.asnumpy(madd)), "float64", "strided mask")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q,k", [(7, 7), (64, 64), (5, 9), (9, 5), (1, 300), (300, 1), (33, 2000), (3, 40000)])
+def test_causal(q, k, dtype):
+    """Top-left aligned (torch is_causal): query i sees keys 0..i, for square and non-square."""
+    g = rng()
+    x64 = rounded(g.standard_normal((2, q, k)) * 3, dtype)
+    y = to_host64(pysoftmax.fused(to_device(x64, dtype), causal=True, out=poisoned(x64.shape, dtype)))
+    ref = ref_softmax(x64, 1.0, None, causal=True)
+    assert_close(y, ref, dtype, f"causal {q}x{k} seed={g.seed}")
+    upper = numpy.arange(k)[None, :] > numpy.arange(q)[:, None]
+    assert numpy.all(y[:, upper] == 0), "keys after the query must get exactly zero"
+
+
+def test_causal_matches_torch_sdpa_convention():
+    torch = pytest.importorskip("torch")
+    g = rng()
+    q, k = 4, 6
+    x64 = g.standard_normal((q, k))
+    keep = torch.ones(q, k, dtype=torch.bool).tril(diagonal=0).numpy()  # what SDPA's is_causal uses
+    y = cupy.asnumpy(pysoftmax.fused(cupy.asarray(x64), causal=True))
+    assert_close(y, ref_softmax(x64, 1.0, keep), "float64", "torch is_causal")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_with_padding_and_fully_masked_rows(dtype):
+    g = rng()
+    x64 = rounded(g.standard_normal((3, 2, 16, 16)) * 3, dtype)
+    pad = numpy.ones((3, 1, 1, 16), bool)
+    pad[1, ..., :4] = False  # rows 0..3 of batch 1 see nothing under causal: zeros
+    pad[2] = False  # batch 2: everything masked
+    y = to_host64(pysoftmax.fused(to_device(x64, dtype), scale=0.3, mask=cupy.asarray(pad), causal=True,
+                                  out=poisoned(x64.shape, dtype)))
+    ref = ref_softmax(x64, 0.3, pad, causal=True)
+    assert numpy.all(y[2] == 0) and numpy.all(y[1, :, :4] == 0)
+    assert_close(y, ref, dtype, f"seed={g.seed}")
+
+
+def test_additive_mask_uses_minus_inf():
+    """A -inf additive entry removes the key exactly; no -10000-style leakage."""
+    x = cupy.asarray([[50.0, 0.0, 0.0]], dtype=cupy.float32)
+    m = cupy.asarray([-numpy.inf, 0.0, 0.0], dtype=cupy.float32)
+    y = cupy.asnumpy(pysoftmax.fused(x, mask=m))
+    assert y[0, 0] == 0.0 and abs(y[0, 1] - 0.5) < 1e-7
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward.
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algo", ["backward", "naive_backward"])
+@pytest.mark.parametrize("cols", [1, 3, 32, 33, 255, 256, 257, 1000, 1024, 1025, 4097, 16385, 32769, 65537])
+def test_backward_closed_form(algo, cols, dtype):
+    g = rng()
+    rows = 21 if cols < 10000 else 3
+    y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
+    dy64 = rounded(g.standard_normal((rows, cols)), dtype)
+    out = poisoned((rows, cols), dtype)
+    dx = getattr(pysoftmax, algo)(to_device(y64, dtype), to_device(dy64, dtype), scale=0.5, out=out)
+    assert dx is out
+    assert_close(to_host64(dx), ref_backward(y64, dy64, 0.5), dtype, f"{algo} {cols} seed={g.seed}")
+
+
+@pytest.mark.parametrize("family", [1, 2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_every_family(family, dtype):
+    g = rng()
+    for cols in (5, 96, 777):
+        y64 = rounded(ref_softmax(g.standard_normal((13, cols))), dtype)
+        dy64 = rounded(g.standard_normal((13, cols)), dtype)
+        dx = _ops.backward_impl(to_device(y64, dtype), to_device(dy64, dtype), family=family,
+                                out=poisoned((13, cols), dtype))
+        assert_close(to_host64(dx), ref_backward(y64, dy64), dtype, f"family {family} {cols} seed={g.seed}")
+
+
+@pytest.mark.parametrize("chunks", [2, 5, 33])
+def test_backward_split_rows(chunks):
+    g = rng()
+    y64 = ref_softmax(g.standard_normal((3, 50000)))
+    dy64 = g.standard_normal((3, 50000))
+    dx = _ops.backward_impl(cupy.asarray(y64), cupy.asarray(dy64), family=3, chunks=chunks)
+    assert_close(cupy.asnumpy(dx), ref_backward(y64, dy64), "float64", f"chunks={chunks}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_finite_differences(causal):
+    """d/dx of sum(w * fused(x, scale, mask, causal)) by central differences in float64."""
+    g = rng()
+    q, k, scale = 4, 9, 0.8
+    x = g.standard_normal((2, q, k))
+    w = g.standard_normal((2, q, k))
+    mask = g.random((2, 1, k)) > 0.3
+    mask[1, 0, :] = False  # a fully masked batch: zero gradient
+    f = lambda xx: float((cupy.asnumpy(pysoftmax.fused(cupy.asarray(xx), scale=scale, mask=cupy.asarray(mask),
+                                                       causal=causal)) * w).sum())
+    y = pysoftmax.fused(cupy.asarray(x), scale=scale, mask=cupy.asarray(mask), causal=causal)
+    dx = cupy.asnumpy(pysoftmax.backward(y, cupy.asarray(w), scale=scale))
+    num = numpy.zeros_like(x)
+    eps = 1e-6
+    for idx in numpy.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += eps
+        xm[idx] -= eps
+        num[idx] = (f(xp) - f(xm)) / (2 * eps)
+    assert numpy.all(dx[1] == 0)
+    assert numpy.abs(dx - num).max() <= 1e-7 * max(1.0, numpy.abs(num).max()), numpy.abs(dx - num).max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_in_place(dtype):
+    g = rng()
+    for which in ("y", "dy"):
+        y64 = rounded(ref_softmax(g.standard_normal((9, 3000))), dtype)
+        dy64 = rounded(g.standard_normal((9, 3000)), dtype)
+        y, dy = to_device(y64, dtype), to_device(dy64, dtype)
+        out = y if which == "y" else dy
+        dx = pysoftmax.backward(y, dy, out=out)
+        assert dx is out
+        assert_close(to_host64(dx), ref_backward(y64, dy64), dtype, f"out={which}")
+
+
+def test_backward_strided_and_streams():
+    g = rng()
+    y64 = ref_softmax(g.standard_normal((64, 1000)))
+    dy64 = g.standard_normal((64, 2000))
+    s = cupy.cuda.Stream(non_blocking=True)
+    dx = pysoftmax.backward(cupy.asarray(y64), cupy.asarray(dy64)[:, ::2], stream=s)
+    s.synchronize()
+    assert_close(cupy.asnumpy(dx), ref_backward(y64, dy64[:, ::2]), "float64", "strided dy")
+    with pytest.raises(ValueError, match="dy"):
+        pysoftmax.backward(cupy.asarray(y64), cupy.asarray(dy64))

@@ -1,0 +1,46 @@
+"""Small calls that reach every kernel family; run under compute-sanitizer by tools/sanitize.py."""
+
+import cupy
+import numpy
+
+import pysoftmax
+from pysoftmax import _ops
+
+cupy.cuda.set_allocator(None)  # one cudaMalloc per array: out-of-bounds accesses are visible
+rng = numpy.random.default_rng()
+
+
+def arr(shape, dtype="float32"):
+    return cupy.asarray(rng.standard_normal(shape) * 3).astype(dtype)
+
+
+def step(name, fn):
+    fn()
+    cupy.cuda.runtime.deviceSynchronize()
+    print(f"[sanitize] ok {name}", flush=True)
+
+
+for dtype in ("float32", "float16", "float64"):
+    for cols in (3, 33, 300, 1000, 1025, 5000, 17000):
+        x = arr((9, cols), dtype)
+        for algo in ("naive", "online", "fused"):
+            step(f"{algo} {dtype} {cols}", lambda: getattr(pysoftmax, algo)(x))
+        step(f"fused unaligned {dtype} {cols}", lambda: pysoftmax.fused(arr((9, cols + 1), dtype)[:, 1:]))
+        y = pysoftmax.fused(x)
+        dy = arr((9, cols), dtype)
+        step(f"backward {dtype} {cols}", lambda: pysoftmax.backward(y, dy))
+        step(f"naive_backward {dtype} {cols}", lambda: pysoftmax.naive_backward(y, dy))
+        for fam in (1, 2, 3):
+            if fam == 1 and cols > 512:
+                continue
+            step(f"family {fam} {dtype} {cols}", lambda: _ops.forward(x, family=fam))
+            step(f"family {fam} backward {dtype} {cols}", lambda: _ops.backward_impl(y, dy, family=fam))
+x = arr((3, 70000))
+step("stream split", lambda: _ops.forward(x, family=3, chunks=5))
+step("stream split backward", lambda: _ops.backward_impl(x, x, family=3, chunks=5))
+step("online one long row", lambda: pysoftmax.online(arr((1, 300000))))
+s = arr((2, 3, 40, 40), "float16")
+keep = cupy.asarray(rng.random((2, 1, 1, 40)) > 0.3)
+step("fused mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep, causal=True))
+step("fused additive mask", lambda: pysoftmax.fused(s, mask=arr((40, 40), "float32")))
+step("fused strided mask", lambda: pysoftmax.fused(s, mask=arr((40, 80), "float16")[:, ::2]))
