@@ -24,22 +24,28 @@ int fail(int code, const char* fmt, ...);
 // a row of a few dozen elements lacks; narrow groups keep every lane busy on short rows.
 constexpr int kTinyPacksVec = 2;
 constexpr int kTinyPacksScalar = 4;  // scalar packs are 4x narrower: 4 per lane keeps loads in flight
-constexpr int kTinyRows = 2;
+// Rows per group in the tiny table: as many as keep a lane's values (rows x items x inputs) within
+// 32 registers, so that short rows still put several loads in flight per lane.
+template <typename Op, int kPack> constexpr int tiny_rows_for() {
+  constexpr int items = kPack * (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) * Op::kInputs;
+  return items >= 32 ? 1 : 32 / items > 4 ? 4 : 32 / items;
+}
+template <typename Op> constexpr int tiny_rows(int pack) {
+  return pack > 1 ? tiny_rows_for<Op, 16 / sizeof(typename Op::Storage)>() : tiny_rows_for<Op, 1>();
+}
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to kMaxBlockThreads x max_items values per row.
 // The block's thread count aims at kBlockTargetThreads so that several rows share an SM, which
 // hides each row's reductions behind the loads of the others.
-constexpr int kWarpFamilyThreads = 128;
 constexpr int kBlockTargetThreads = 256;
-// rows_stream: threads per block, and how many resident blocks per SM a launch should provide
-// before rows are split into chunks (fewer rows than that leave SMs idle: split them).
-constexpr int kStreamThreads = 512;
-constexpr int kStreamBlocksPerSm = 2048 / kStreamThreads;
+// rows_stream: rows are split into chunks when there are fewer rows than resident blocks
+// (2048 / threads per SM): otherwise SMs sit idle while a few blocks walk very long rows.
 // Grid-stride loops: at most this many blocks per SM are launched; more adds no parallelism.
 constexpr int kMaxBlocksPerSm = 32;
 static_assert(kWarpFamilyThreads % 64 == 0 && kBlockTargetThreads % 64 == 0 && kStreamThreads % 64 == 0,
               "block sizes must be whole warps on wave64 and wave32 targets");
-static_assert(kMaxGroup * kTinyPacksVec <= kMaxGroup * 4, "the tiny table must end before the warp table");
+static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
+              "the medium warp table starts at twice the tiny table's packs and must fit max_items");
 
 // ---------------------------------------------------------------------------------------------
 // The device the launch runs on: looked up once per device and cached.
@@ -96,12 +102,12 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // `family` forces a family (SOFTMAX_FAMILY_AUTO lets the length decide); returns false when a
 // forced register family cannot hold the row.
 template <typename T>
-bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, const DeviceInfo& dev,
-               Plan* out) {
+bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, int threads, int tiny_rows,
+               const DeviceInfo& dev, Plan* out) {
   Plan p;
   p.pack = pack;
   const int64_t packs = ceil_div(cols, pack);
-  const int max_packs = max_items<T>() / pack;  // per thread
+  const int max_packs = (pack > 1 ? max_items<T>() : max_scalar_items<T>()) / pack;  // per thread
   const int tiny = pack > 1 ? kTinyPacksVec : kTinyPacksScalar;
   const bool auto_family = family == SOFTMAX_FAMILY_AUTO;
   if ((auto_family || family == SOFTMAX_FAMILY_WARP) && packs <= static_cast<int64_t>(kMaxGroup) * max_packs) {
@@ -110,7 +116,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     if (packs <= static_cast<int64_t>(kMaxGroup) * tiny) {
       p.packs = tiny;
       p.group = next_pow2(ceil_div(packs, tiny));
-      p.rows_per_group = kTinyRows;
+      p.rows_per_group = tiny_rows;
     } else {
       p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
       p.group = kMaxGroup;
@@ -118,16 +124,17 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     }
     const int64_t rows_per_block = p.threads / p.group * p.rows_per_group;
     p.blocks = std::min<int64_t>(ceil_div(rows, rows_per_block), static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
-  } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kMaxBlockThreads} * max_packs) {
+  } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMaxThreads} * max_packs) {
     p.family = SOFTMAX_FAMILY_BLOCK;
     const int lo = pack > 1 ? 2 : 8;  // the smallest per-thread load worth a block
-    p.packs = fit_pow2(packs, kBlockTargetThreads, lo, max_packs);
+    p.packs = fit_pow2(packs, threads > 0 ? threads : kBlockTargetThreads, lo, max_packs);
     if (!p.packs) p.packs = max_packs;
-    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kMaxBlockThreads));
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kBlockMaxThreads));
     p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
   } else if (auto_family || family == SOFTMAX_FAMILY_STREAM) {
     p.family = SOFTMAX_FAMILY_STREAM;
-    p.threads = static_cast<int>(std::min<int64_t>(round_up(packs, dev.warp), kStreamThreads));
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, kStreamUnroll), dev.warp),
+                                                   threads > 0 ? std::min(threads, kStreamThreads) : kStreamThreads));
     const int64_t step = static_cast<int64_t>(p.threads) * pack;
     const int64_t resident = static_cast<int64_t>(dev.sms) * (2048 / p.threads);
     int64_t want = chunks > 0 ? chunks : (rows >= resident ? 1 : ceil_div(resident, rows));
@@ -179,6 +186,11 @@ inline int launch_status(const char* family) {
 template <typename Op, int kPack, int kPacks, int kRows>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   const dim3 grid(static_cast<unsigned>(p.blocks)), block(p.threads);
+  if constexpr (kPacks > (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) {  // medium table: full groups only
+    if (p.group != kMaxGroup) return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: medium rows use full groups");
+    rows_warp<Op, kPack, kPacks, kMaxGroup, kRows><<<grid, block, 0, s>>>(op, rows);
+    return launch_status("rows_warp");
+  } else {
   switch (p.group) {
     case 1: rows_warp<Op, kPack, kPacks, 1, kRows><<<grid, block, 0, s>>>(op, rows); break;
     case 2: rows_warp<Op, kPack, kPacks, 2, kRows><<<grid, block, 0, s>>>(op, rows); break;
@@ -190,6 +202,7 @@ int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) 
   }
   static_assert(kMaxGroup == 32, "the cases above list the group widths up to kMaxGroup");
   return launch_status("rows_warp");
+  }
 }
 
 // Per-thread pack counts come in powers of two from `lo` up to max_items / kPack; entries past
@@ -207,12 +220,12 @@ int by_packs(int packs, Launch launch) {
 template <typename Op, int kPack>
 int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, typename Op::Stat* ws) {
   using T = typename Op::Storage;
-  constexpr int kMaxPacks = max_items<T>() / kPack;
+  constexpr int kMaxPacks = (kPack > 1 ? max_items<T>() : max_scalar_items<T>()) / kPack;
   constexpr int kTiny = kPack > 1 ? kTinyPacksVec : kTinyPacksScalar;
   const dim3 grid(static_cast<unsigned>(p.blocks)), block(p.threads);
   switch (p.family) {
     case SOFTMAX_FAMILY_WARP:
-      if (p.rows_per_group == kTinyRows) return launch_warp_group<Op, kPack, kTiny, kTinyRows>(op, rows, p, s);
+      if (p.packs == kTiny) return launch_warp_group<Op, kPack, kTiny, tiny_rows_for<Op, kPack>()>(op, rows, p, s);
       return by_packs<Op, kPack, 2 * kTiny, kMaxPacks>(p.packs, [&](auto k) {
         return launch_warp_group<Op, kPack, decltype(k)::value, 1>(op, rows, p, s);
       });
@@ -269,6 +282,9 @@ inline int check_problem(const softmax_problem_t* p) {
     return fail(SOFTMAX_ERROR_UNSUPPORTED, "dtype %d: expected float32, float16, bfloat16 or float64", p->dtype);
   if (p->family < SOFTMAX_FAMILY_AUTO || p->family > SOFTMAX_FAMILY_STREAM)
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "family %d is not a softmax_family", p->family);
+  if (p->threads < 0 || p->threads > kMaxBlockThreads || p->threads % 64)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "threads=%d: expected 0 (automatic) or a multiple of 64 up to %d",
+                p->threads, kMaxBlockThreads);
   if (p->chunks < 0) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "chunks=%lld: expected >= 0", static_cast<long long>(p->chunks));
   if (p->rows > 0 && p->cols > 0 && (!p->x || !p->out))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "input or output pointer is NULL");

@@ -23,9 +23,30 @@
 #include "primitives.cuh"
 #include "softmax.h"
 
+// Block sizes and register caps of the families. A memory-bound kernel lives on the bytes it has
+// in flight per SM, so every family caps its registers (launch bounds) to keep enough threads
+// resident: 64 registers per thread lets 1024 threads share an SM's 64K registers.
+#ifndef SOFTMAX_WARP_MIN_BLOCKS
+#define SOFTMAX_WARP_MIN_BLOCKS 8
+#endif
+#ifndef SOFTMAX_STREAM_MIN_BLOCKS
+#define SOFTMAX_STREAM_MIN_BLOCKS 2
+#endif
+#ifndef SOFTMAX_BLOCK_MAX_THREADS
+#define SOFTMAX_BLOCK_MAX_THREADS 1024
+#endif
+constexpr int kWarpFamilyThreads = 128;
+constexpr int kWarpFamilyMinBlocks = SOFTMAX_WARP_MIN_BLOCKS;  // 8 x 128 threads: <= 64 registers each
+constexpr int kStreamThreads = 512;
+constexpr int kStreamMinBlocks = SOFTMAX_STREAM_MIN_BLOCKS;    // 2 x 512 threads: likewise
+constexpr int kBlockMaxThreads = SOFTMAX_BLOCK_MAX_THREADS;
+constexpr int kStreamUnroll = 4;         // packs in flight per thread per step of rows_stream
+
 // Most values one thread keeps in registers for a row (a 4-byte or 2-byte element widens to one
 // float register, float64 to two).
 template <typename T> constexpr int max_items() { return sizeof(T) == 8 ? 16 : 32; }
+// Unaligned rows load element by element; more than 16 scalar packs per lane spill registers.
+template <typename T> constexpr int max_scalar_items() { return sizeof(T) == 8 ? 8 : 16; }
 
 // ---------------------------------------------------------------------------------------------
 // Forward: softmax(x * scale + mask) with an optional causal limit.
@@ -36,6 +57,7 @@ template <typename T> struct ForwardOp {
   using Item = C;
   using Stat = MaxSum<C>;
   using Merge = MergeMaxSum;
+  static constexpr int kInputs = 1;  // arrays read per column
 
   const T* x;
   T* y;
@@ -52,12 +74,10 @@ template <typename T> struct ForwardOp {
     T* y;
     const unsigned char* mask;  // start of this row's mask (element offset folded in, in bytes)
     int64_t limit;              // columns >= limit are masked out by causal
-    bool live;
   };
 
-  __device__ __forceinline__ Row row(int64_t r, bool live = true) const {
+  __device__ __forceinline__ Row row(int64_t r) const {
     Row w;
-    w.live = live;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
     w.limit = causal_queries ? min(cols, r % causal_queries + 1) : cols;
@@ -100,10 +120,11 @@ template <typename T> struct ForwardOp {
     }
   }
 
+  // `live` false: a pack outside the rows or the chunk being walked; it becomes the pad.
   template <int N>
-  __device__ __forceinline__ void load(const Row& w, int64_t c, C* v, bool full) const {
+  __device__ __forceinline__ void load(const Row& w, int64_t c, C* v, bool full, bool live = true) const {
     // A pack entirely past the causal limit (or the row) is never read.
-    if (!w.live || c >= w.limit) {
+    if (!live || c >= w.limit) {
 #pragma unroll
       for (int i = 0; i < N; ++i) v[i] = pad();
       return;
@@ -126,14 +147,15 @@ template <typename T> struct ForwardOp {
         default: apply_mask<double, N>(w, c, v, full); break;
       }
     }
+    if (c + N > w.limit) {
 #pragma unroll
-    for (int i = 0; i < N; ++i)
-      if (c + i >= w.limit) v[i] = pad();  // past the causal limit, or past the row end
+      for (int i = 0; i < N; ++i)
+        if (c + i >= w.limit) v[i] = pad();  // past the causal limit, or past the row end
+    }
   }
 
   template <int N>
   __device__ __forceinline__ void store(const Row& w, int64_t c, const C* v, bool full) const {
-    if (!w.live) return;
     T out[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = from_compute<T>(v[i]);
@@ -200,6 +222,7 @@ template <typename T> struct BackwardOp {
   using Item = GradItem<C>;
   using Stat = C;
   using Merge = SumOp;
+  static constexpr int kInputs = 2;  // y and dy
 
   const T* y;
   const T* dy;
@@ -211,17 +234,16 @@ template <typename T> struct BackwardOp {
     const T* y;
     const T* dy;
     T* dx;
-    bool live;
   };
 
-  __device__ __forceinline__ Row row(int64_t r, bool live = true) const {
-    return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride, live};
+  __device__ __forceinline__ Row row(int64_t r) const {
+    return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
 
   template <int N>
-  __device__ __forceinline__ void load(const Row& w, int64_t c, Item* v, bool full) const {
+  __device__ __forceinline__ void load(const Row& w, int64_t c, Item* v, bool full, bool live = true) const {
     T a[N], b[N];
-    if (!w.live) {
+    if (!live) {
 #pragma unroll
       for (int i = 0; i < N; ++i) a[i] = b[i] = T();
     } else if (N > 1 && full) {
@@ -241,7 +263,6 @@ template <typename T> struct BackwardOp {
 
   template <int N>
   __device__ __forceinline__ void store(const Row& w, int64_t c, const Item* v, bool full) const {
-    if (!w.live) return;
     T out[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = from_compute<T>(v[i].y);
@@ -306,7 +327,7 @@ __device__ __forceinline__ int64_t pack_col(int j, int64_t lane, int64_t width, 
 // shuffle has the whole warp present; rows past the end ride along as dead rows.
 
 template <typename Op, int kPack, int kPacks, int G, int kRows>
-__global__ void rows_warp(const Op op, int64_t rows) {
+__global__ void __launch_bounds__(kWarpFamilyThreads, kWarpFamilyMinBlocks) rows_warp(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   constexpr int kItems = kPack * kPacks;
   const int lane = threadIdx.x % G;
@@ -315,24 +336,27 @@ __global__ void rows_warp(const Op op, int64_t rows) {
   const int64_t warp_offset = ((threadIdx.x % kWarpSize) / G) * kRows;
   for (int64_t r0 = group * kRows; r0 - warp_offset < rows; r0 += groups * kRows) {
     Item v[kRows][kItems];
-    typename Op::Row w[kRows];
+    // Row pointers are recomputed for the stores rather than kept live across the reductions:
+    // registers are what limits the rows in flight.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      w[k] = op.row(r0 + k < rows ? r0 + k : 0, r0 + k < rows);
+      const typename Op::Row w = op.row(r0 + k < rows ? r0 + k : 0);
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         const int64_t c = pack_col(j, lane, G, kPack);
-        op.template load<kPack>(w[k], c, &v[k][j * kPack], c + kPack <= op.cols);
+        op.template load<kPack>(w, c, &v[k][j * kPack], c + kPack <= op.cols, r0 + k < rows);
       }
     }
 #pragma unroll
     for (int k = 0; k < kRows; ++k) op.template finish<kItems>(v[k], GroupReduce<G>());
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
+      if (r0 + k >= rows) continue;
+      const typename Op::Row w = op.row(r0 + k);
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         const int64_t c = pack_col(j, lane, G, kPack);
-        if (c < op.cols) op.template store<kPack>(w[k], c, &v[k][j * kPack], c + kPack <= op.cols);
+        if (c < op.cols) op.template store<kPack>(w, c, &v[k][j * kPack], c + kPack <= op.cols);
       }
     }
   }
@@ -342,7 +366,7 @@ __global__ void rows_warp(const Op op, int64_t rows) {
 // rows_block: one row per block at a time, held in the registers of all its threads.
 
 template <typename Op, int kPack, int kPacks>
-__global__ void rows_block(const Op op, int64_t rows) {
+__global__ void __launch_bounds__(kBlockMaxThreads) rows_block(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   using C = typename Op::C;
   constexpr int kItems = kPack * kPacks;
@@ -356,10 +380,11 @@ __global__ void rows_block(const Op op, int64_t rows) {
       op.template load<kPack>(w, c, &v[j * kPack], c + kPack <= op.cols);
     }
     op.template finish<kItems>(v, BlockReduce<C>{scratch});
+    const typename Op::Row ws = op.row(r);
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int64_t c = pack_col(j, threadIdx.x, blockDim.x, kPack);
-      if (c < op.cols) op.template store<kPack>(w, c, &v[j * kPack], c + kPack <= op.cols);
+      if (c < op.cols) op.template store<kPack>(ws, c, &v[j * kPack], c + kPack <= op.cols);
     }
   }
 }
@@ -373,10 +398,9 @@ __global__ void rows_block(const Op op, int64_t rows) {
 //                 order, so the chunks read last by the stats launch (still in L2) go first.
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2 };
-constexpr int kStreamUnroll = 4;  // packs in flight per thread per step
 
 template <typename Op, int kPack>
-__global__ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
@@ -389,8 +413,6 @@ __global__ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t c
     const int64_t begin = chunk * chunk_cols;
     const int64_t end = min(op.cols, begin + chunk_cols);
     const typename Op::Row w = op.row(r);
-    typename Op::Row dead = w;  // loads through it give the neutral pad
-    dead.live = false;
     const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
     typename Op::Final fin;
     if (phase != kStreamApply) {
@@ -400,7 +422,7 @@ __global__ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t c
 #pragma unroll
         for (int u = 0; u < kStreamUnroll; ++u) {
           const int64_t c = c0 + static_cast<int64_t>(u) * blockDim.x * kPack;
-          op.template load<kPack>(c < end ? w : dead, c, &v[u * kPack], c + kPack <= end);
+          op.template load<kPack>(w, c, &v[u * kPack], c + kPack <= end, c < end);  // past end: pad
         }
         op.template accumulate<kStep>(st, v);
       }
@@ -415,12 +437,19 @@ __global__ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t c
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = typename Op::Merge()(st, ws[r * chunks + k]);
       fin = Op::finalize(block_all_reduce(st, typename Op::Merge(), scratch));
     }
-    for (int64_t c = begin + threadIdx.x * kPack; c < end; c += static_cast<int64_t>(blockDim.x) * kPack) {
-      Item v[kPack];
-      const bool full = c + kPack <= end;
-      op.template load<kPack>(w, c, v, full);
-      op.template apply<kPack>(v, fin);
-      op.template store<kPack>(w, c, v, full);
+    for (int64_t c0 = begin + threadIdx.x * kPack; c0 < end; c0 += stride) {
+      Item v[kStep];
+#pragma unroll
+      for (int u = 0; u < kStreamUnroll; ++u) {
+        const int64_t c = c0 + static_cast<int64_t>(u) * blockDim.x * kPack;
+        op.template load<kPack>(w, c, &v[u * kPack], c + kPack <= end, c < end);
+      }
+      op.template apply<kStep>(v, fin);
+#pragma unroll
+      for (int u = 0; u < kStreamUnroll; ++u) {
+        const int64_t c = c0 + static_cast<int64_t>(u) * blockDim.x * kPack;
+        if (c < end) op.template store<kPack>(w, c, &v[u * kPack], c + kPack <= end);
+      }
     }
   }
 }
@@ -430,7 +459,7 @@ __global__ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t c
 // each pass reading the row from global memory.
 
 template <typename T, int kPack>
-__global__ void rows_naive(const ForwardOp<T> op, int64_t rows) {
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) rows_naive(const ForwardOp<T> op, int64_t rows) {
   using C = typename Compute<T>::type;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;

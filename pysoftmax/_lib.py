@@ -46,6 +46,8 @@ class Problem(ctypes.Structure):
         ("mask_ndim", ctypes.c_int32),
         ("family", ctypes.c_int32),
         ("chunks", ctypes.c_int64),
+        ("threads", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
         ("mask_shape", ctypes.c_int64 * MAX_DIMS),
         ("mask_stride", ctypes.c_int64 * MAX_DIMS),
         ("mask_col_stride", ctypes.c_int64),
@@ -99,9 +101,12 @@ def _load():
         except OSError as e:
             tried.append(f"{path} ({e})")
             continue
-        for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = getattr(handle, name)
-            fn.restype, fn.argtypes = restype, argtypes
+        try:
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(handle, name)
+                fn.restype, fn.argtypes = restype, argtypes
+        except AttributeError as e:
+            raise LibraryNotFoundError(f"{path} lacks a function this pysoftmax needs ({e}): rebuild it with `make`") from None
         version = handle.softmax_abi_version()
         if version != ABI_VERSION:
             raise LibraryNotFoundError(

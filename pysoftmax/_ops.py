@@ -34,7 +34,7 @@ def _need_cupy():
 class _Arr:
     """A device array argument: its metadata, read without touching the GPU."""
 
-    __slots__ = ("name", "obj", "cp", "ptr", "shape", "strides", "dtype", "producer_stream")
+    __slots__ = ("name", "obj", "cp", "ptr", "shape", "strides", "dtype", "producer_stream", "readonly")
 
     @property
     def size(self):
@@ -80,6 +80,7 @@ def _from_cupy(a, arr):
     a.strides = arr.strides
     a.dtype = arr.dtype
     a.producer_stream = None
+    a.readonly = False
     return a
 
 
@@ -102,6 +103,7 @@ def _arr(obj, name):
         a.cp = None
         a.obj = obj
         a.ptr = int(cai["data"][0] or 0)
+        a.readonly = bool(cai["data"][1])
         a.shape = tuple(int(n) for n in cai["shape"])
         try:
             a.dtype = numpy.dtype(cai["typestr"])
@@ -171,7 +173,10 @@ def _check_same(a, b):
 
 
 def _check_out(out, inputs):
-    """`out` may be one of the inputs exactly (in place) but must not partly overlap any."""
+    """`out` must be writable; it may be one of the inputs exactly (in place) but must not partly
+    overlap any (judged by byte ranges, so interleaved views are refused too)."""
+    if out.readonly:
+        raise ValueError("out: is read-only (its __cuda_array_interface__ says so)")
     lo, hi = out.extent()
     for a in inputs:
         if a.size == 0 or out.size == 0:
@@ -188,17 +193,17 @@ def _mask_layout(m, xshape):
     nd, md = len(xshape), len(m.shape)
     if md > nd:
         raise ValueError(f"mask: shape {m.shape} has more dimensions than x.shape {xshape}")
-    item = m.dtype.itemsize
-    if any(s % item for s in m.strides):
-        return None
     shape = (1,) * (nd - md) + tuple(m.shape)
-    strides = (0,) * (nd - md) + tuple(s // item for s in m.strides)
     for d in range(nd):
         if shape[d] != xshape[d] and shape[d] != 1:
             raise ValueError(
                 f"mask: shape {m.shape} does not broadcast to x.shape {xshape} "
                 f"(axis {d - nd}: {shape[d]} vs {xshape[d]}; expected 1 or {xshape[d]})"
             )
+    item = m.dtype.itemsize
+    if any(s % item for s in m.strides):
+        return None  # strides between elements: the caller copies the mask
+    strides = (0,) * (nd - md) + tuple(s // item for s in m.strides)
     strides = [0 if shape[d] == 1 else strides[d] for d in range(nd)]
     dims = []
     for d in range(nd - 1):
@@ -282,7 +287,7 @@ def _walkable(a):
     return arr, max(arr.shape[-1], 1) if arr.ndim else 1
 
 
-def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family, chunks):
+def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family, chunks, threads):
     """Common tail of every operation: device/stream, copies, output, workspace, launch.
 
     `inputs` are the already validated _Arr operands (x, or y and dy); `fill(problem, arrays,
@@ -313,7 +318,7 @@ def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family,
             p = _lib.Problem()
             p.algo, p.rows, p.cols = algo, rows_cols[0], rows_cols[1]
             p.out, p.out_row_stride = target.data.ptr, target_stride
-            p.family, p.chunks = family, chunks
+            p.family, p.chunks, p.threads = family, chunks, threads
             keep = fill(p, arrays, strides)
             ws = _workspace(p, direction)
             launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
@@ -342,8 +347,10 @@ def _axis(axis, ndim):
 
 
 def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=False, out=None, stream=None,
-            family=_lib.FAMILY_AUTO, chunks=0):
-    """Forward softmax with every option; the public functions below are thin views of this."""
+            family=_lib.FAMILY_AUTO, chunks=0, threads=0):
+    """Forward softmax with every option; the public functions are thin views of this.
+
+    `family`, `chunks` and `threads` override the dispatcher (tests and tools/tune.py)."""
     xa = _arr(x, "x")
     code = _dtype_code(xa)
     ndim = len(xa.shape)
@@ -365,8 +372,9 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
         layout = _mask_layout(ma, xa.shape)
     if ndim and axis != ndim - 1:
         _need_cupy()
+        xa.device()  # raises SoftmaxError without a usable GPU, before CuPy is asked for a view
         moved = cupy.moveaxis(xa.cupy(), axis, -1)
-        y = forward(moved, algo=algo, scale=scale, stream=stream, family=family, chunks=chunks)
+        y = forward(moved, algo=algo, scale=scale, stream=stream, family=family, chunks=chunks, threads=threads)
         y = cupy.moveaxis(y, -1, axis)
         if oa is None:
             return y
@@ -394,12 +402,11 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
         return arrays, state
 
     shape = xa.shape
-    return _run(_lib.FORWARD, algo, [xa], ma, oa, shape, xa.dtype, fill, stream,
-                family, chunks)
+    return _run(_lib.FORWARD, algo, [xa], ma, oa, shape, xa.dtype, fill, stream, family, chunks, threads)
 
 
 def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=None, family=_lib.FAMILY_AUTO,
-                  chunks=0):
+                  chunks=0, threads=0):
     """Backward softmax with every option; `backward` and `naive_backward` are views of this."""
     ya = _arr(y, "y")
     code = _dtype_code(ya)
@@ -419,10 +426,10 @@ def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=No
         p.scale = scale
         return arrays
 
-    return _run(_lib.BACKWARD, algo, [ya, da], None, oa, ya.shape, ya.dtype, fill, stream, family, chunks)
+    return _run(_lib.BACKWARD, algo, [ya, da], None, oa, ya.shape, ya.dtype, fill, stream, family, chunks, threads)
 
 
-def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, aligned=True):
+def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, threads=0, aligned=True):
     """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
 
     For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
@@ -438,7 +445,7 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
     p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
                 "stream": _lib.FAMILY_STREAM}[family]
-    p.chunks = chunks
+    p.chunks, p.threads = chunks, threads
     buf = ctypes.create_string_buffer(512)
     _lib.check(_lib.lib().softmax_describe(ctypes.byref(p), 0 if direction == "forward" else 1, buf, len(buf)))
     out = {}

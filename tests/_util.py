@@ -23,12 +23,20 @@ def np_dtype(name):
     return BF16 if name == "bfloat16" else numpy.dtype(name)
 
 
+class _Rng:
+    """numpy Generator that remembers its seed, for failure messages."""
+
+    def __init__(self, seed):
+        self.seed = seed
+        self._g = numpy.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self._g, name)
+
+
 def rng():
     """A fresh generator per call (inputs differ run to run); the seed is kept for messages."""
-    seed = int(numpy.random.SeedSequence().entropy % (1 << 32))
-    g = numpy.random.default_rng(seed)
-    g.seed = seed
-    return g
+    return _Rng(int(numpy.random.SeedSequence().entropy % (1 << 32)))
 
 
 def to_device(a64, dtype):

@@ -102,7 +102,8 @@ def test_plan_crosses_thresholds():
     assert fam(1024, "float16") == "warp" and fam(1025, "float16") == "block"
     assert fam(512, "float64") == "warp" and fam(513, "float64") == "block"
     assert fam(16384, "float64") == "block" and fam(16385, "float64") == "stream"
-    assert fam(1024, aligned=False) == "warp" and fam(1025, aligned=False) == "block"
+    assert fam(512, aligned=False) == "warp" and fam(513, aligned=False) == "block"
+    assert fam(16384, aligned=False) == "block" and fam(16385, aligned=False) == "stream"
     assert _ops.plan((64, 1000), "float32")["pack"] == 4
     assert _ops.plan((64, 1000), "float32", aligned=False)["pack"] == 1
     assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
