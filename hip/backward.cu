@@ -28,11 +28,11 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   const int pack = vec ? 16 / static_cast<int>(sizeof(T)) : 1;
   Plan plan;
   if (p.algo == SOFTMAX_ALGO_FUSED) {
-    if (!plan_rows<T>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, tiny_rows<BackwardOp<T>>(pack), dev, &plan))
+    if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
-    plan_rows<T>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, tiny_rows<BackwardOp<T>>(pack), dev, &plan);
+    plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan);
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }

@@ -30,11 +30,11 @@ template <typename Op, int kPack> constexpr int tiny_rows_for() {
   constexpr int items = kPack * (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) * Op::kInputs;
   return items >= 32 ? 1 : 32 / items > 4 ? 4 : 32 / items;
 }
-template <typename Op> constexpr int tiny_rows(int pack) {
+template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
   return pack > 1 ? tiny_rows_for<Op, 16 / sizeof(typename Op::Storage)>() : tiny_rows_for<Op, 1>();
 }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
-// rows_block above that: one row per block, up to kMaxBlockThreads x max_items values per row.
+// rows_block above that: one row per block, up to block_max_threads<Op>() x max_items values.
 // The block's thread count aims at kBlockTargetThreads so that several rows share an SM, which
 // hides each row's reductions behind the loads of the others.
 constexpr int kBlockTargetThreads = 256;
@@ -101,9 +101,13 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // The plan for rows of `cols` elements of T, packs of `pack` (16 bytes / sizeof(T), or 1).
 // `family` forces a family (SOFTMAX_FAMILY_AUTO lets the length decide); returns false when a
 // forced register family cannot hold the row.
-template <typename T>
-bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, int threads, int tiny_rows,
-               const DeviceInfo& dev, Plan* out) {
+template <typename Op>
+bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, int threads, const DeviceInfo& dev,
+               Plan* out) {
+  using T = typename Op::Storage;
+  const int tiny_rows = tiny_rows_for_pack<Op>(pack);
+  constexpr int kBlockMax = block_max_threads<Op>();
+  constexpr int kUnroll = Op::kStreamUnroll;
   Plan p;
   p.pack = pack;
   const int64_t packs = ceil_div(cols, pack);
@@ -124,21 +128,21 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     }
     const int64_t rows_per_block = p.threads / p.group * p.rows_per_group;
     p.blocks = std::min<int64_t>(ceil_div(rows, rows_per_block), static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
-  } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMaxThreads} * max_packs) {
+  } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMax} * max_packs) {
     p.family = SOFTMAX_FAMILY_BLOCK;
     const int lo = pack > 1 ? 2 : 8;  // the smallest per-thread load worth a block
     p.packs = fit_pow2(packs, threads > 0 ? threads : kBlockTargetThreads, lo, max_packs);
     if (!p.packs) p.packs = max_packs;
-    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kBlockMaxThreads));
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kBlockMax));
     p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
   } else if (auto_family || family == SOFTMAX_FAMILY_STREAM) {
     p.family = SOFTMAX_FAMILY_STREAM;
-    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, kStreamUnroll), dev.warp),
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, kUnroll), dev.warp),
                                                    threads > 0 ? std::min(threads, kStreamThreads) : kStreamThreads));
     const int64_t step = static_cast<int64_t>(p.threads) * pack;
     const int64_t resident = static_cast<int64_t>(dev.sms) * (2048 / p.threads);
     int64_t want = chunks > 0 ? chunks : (rows >= resident ? 1 : ceil_div(resident, rows));
-    want = std::max<int64_t>(1, std::min(want, ceil_div(cols, step * kStreamUnroll)));
+    want = std::max<int64_t>(1, std::min(want, ceil_div(cols, step * kUnroll)));
     p.chunk_cols = round_up(ceil_div(cols, want), step);
     p.chunks = ceil_div(cols, p.chunk_cols);
     p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);

@@ -78,12 +78,12 @@ template <typename T> int forward_typed(const softmax_problem_t& p, hipStream_t 
   Plan plan;
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
-      if (!plan_rows<T>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, tiny_rows<ForwardOp<T>>(pack), dev, &plan))
+      if (!plan_rows<ForwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                     static_cast<long long>(p.cols));
       break;
     case SOFTMAX_ALGO_ONLINE:
-      plan_rows<T>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, tiny_rows<ForwardOp<T>>(pack), dev, &plan);
+      plan_rows<ForwardOp<T>>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan);
       break;
     case SOFTMAX_ALGO_NAIVE:
       plan = plan_naive(p.rows, p.cols, pack, dev);

@@ -24,23 +24,18 @@
 #include "softmax.h"
 
 // Block sizes and register caps of the families. A memory-bound kernel lives on the bytes it has
-// in flight per SM, so every family caps its registers (launch bounds) to keep enough threads
-// resident: 64 registers per thread lets 1024 threads share an SM's 64K registers.
-#ifndef SOFTMAX_WARP_MIN_BLOCKS
-#define SOFTMAX_WARP_MIN_BLOCKS 8
-#endif
-#ifndef SOFTMAX_STREAM_MIN_BLOCKS
-#define SOFTMAX_STREAM_MIN_BLOCKS 2
-#endif
-#ifndef SOFTMAX_BLOCK_MAX_THREADS
-#define SOFTMAX_BLOCK_MAX_THREADS 1024
-#endif
+// in flight per SM: each operation names the registers per thread it may use (kRegisterCap) and
+// the launch bounds below turn that into resident threads. 64K registers per SM on NVIDIA; on
+// AMD the second bound counts waves per EU, and the same numbers give a comparable cap.
+constexpr int kRegistersPerSm = 65536;
 constexpr int kWarpFamilyThreads = 128;
-constexpr int kWarpFamilyMinBlocks = SOFTMAX_WARP_MIN_BLOCKS;  // 8 x 128 threads: <= 64 registers each
 constexpr int kStreamThreads = 512;
-constexpr int kStreamMinBlocks = SOFTMAX_STREAM_MIN_BLOCKS;    // 2 x 512 threads: likewise
-constexpr int kBlockMaxThreads = SOFTMAX_BLOCK_MAX_THREADS;
-constexpr int kStreamUnroll = 4;         // packs in flight per thread per step of rows_stream
+template <typename Op> constexpr int min_blocks(int threads) {
+  return kRegistersPerSm / (threads * Op::kRegisterCap) > 0 ? kRegistersPerSm / (threads * Op::kRegisterCap) : 1;
+}
+template <typename Op> constexpr int block_max_threads() {
+  return kRegistersPerSm / Op::kRegisterCap < kMaxBlockThreads ? kRegistersPerSm / Op::kRegisterCap : kMaxBlockThreads;
+}
 
 // Most values one thread keeps in registers for a row (a 4-byte or 2-byte element widens to one
 // float register, float64 to two).
@@ -58,6 +53,11 @@ template <typename T> struct ForwardOp {
   using Stat = MaxSum<C>;
   using Merge = MergeMaxSum;
   static constexpr int kInputs = 1;  // arrays read per column
+  // Two reductions and an exp per value make forward latency-bound: it trades registers for
+  // resident threads (measured on the H200: 64 beats an uncapped build by 10-30% on rows of
+  // 512..8192; tools/tune.py).
+  static constexpr int kRegisterCap = 64;
+  static constexpr int kStreamUnroll = 8;  // packs in flight per thread per rows_stream step
 
   const T* x;
   T* y;
@@ -171,17 +171,10 @@ template <typename T> struct ForwardOp {
   // Rows in registers: one exp per element (the max is reduced first, then the sum).
   template <int N, typename Reduce>
   __device__ __forceinline__ void finish(C* v, Reduce reduce) const {
-    C m = v[0];
+    const C ref = safe_ref(reduce(tree_reduce<N>(v, MaxOp()), MaxOp()));
 #pragma unroll
-    for (int i = 1; i < N; ++i) m = MaxOp()(m, v[i]);
-    const C ref = safe_ref(reduce(m, MaxOp()));
-    C s = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      v[i] = exp_sub(v[i], ref);
-      s += v[i];
-    }
-    const C inv = safe_inverse(reduce(s, SumOp()));
+    for (int i = 0; i < N; ++i) v[i] = exp_sub(v[i], ref);
+    const C inv = safe_inverse(reduce(tree_reduce<N>(v, SumOp()), SumOp()));
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] *= inv;
   }
@@ -189,15 +182,12 @@ template <typename T> struct ForwardOp {
   // Streaming: the online pair, updated once per N values (one rescale per N, not per value).
   static __device__ __forceinline__ Stat stat_init() { return {neg_inf<C>(), C(0)}; }
   template <int N> __device__ __forceinline__ void accumulate(Stat& st, const C* v) const {
-    C m = v[0];
-#pragma unroll
-    for (int i = 1; i < N; ++i) m = MaxOp()(m, v[i]);
-    m = MaxOp()(st.m, m);
+    const C m = MaxOp()(st.m, tree_reduce<N>(v, MaxOp()));
     const C ref = safe_ref(m);
-    C s = st.s * exp_sub(st.m, ref);
+    C e[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) s += exp_sub(v[i], ref);
-    st = {m, s};
+    for (int i = 0; i < N; ++i) e[i] = exp_sub(v[i], ref);
+    st = {m, st.s * exp_sub(st.m, ref) + tree_reduce<N>(e, SumOp())};
   }
   struct Final {
     C ref, inv;
@@ -223,6 +213,10 @@ template <typename T> struct BackwardOp {
   using Stat = C;
   using Merge = SumOp;
   static constexpr int kInputs = 2;  // y and dy
+  // Two arrays per value already put enough bytes in flight; capping registers made it spill
+  // (measured on the H200: 128 gives 97-101% of copy bandwidth where 64 gave 73-77%).
+  static constexpr int kRegisterCap = 128;
+  static constexpr int kStreamUnroll = 4;
 
   const T* y;
   const T* dy;
@@ -327,32 +321,38 @@ __device__ __forceinline__ int64_t pack_col(int j, int64_t lane, int64_t width, 
 // shuffle has the whole warp present; rows past the end ride along as dead rows.
 
 template <typename Op, int kPack, int kPacks, int G, int kRows>
-__global__ void __launch_bounds__(kWarpFamilyThreads, kWarpFamilyMinBlocks) rows_warp(const Op op, int64_t rows) {
+__global__ void __launch_bounds__(kWarpFamilyThreads, min_blocks<Op>(kWarpFamilyThreads)) rows_warp(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   constexpr int kItems = kPack * kPacks;
+  constexpr int kGroups = kWarpSize / G;           // groups per warp
+  constexpr int kWarpRows = kGroups * kRows;       // rows per warp per step
   const int lane = threadIdx.x % G;
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / G;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
-  const int64_t warp_offset = ((threadIdx.x % kWarpSize) / G) * kRows;
-  for (int64_t r0 = group * kRows; r0 - warp_offset < rows; r0 += groups * kRows) {
+  const int group = (threadIdx.x % kWarpSize) / G;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
+  // falls on consecutive rows, so each warp-wide access is contiguous.
+  for (int64_t base = warp * kWarpRows; base < rows; base += warps * kWarpRows) {
     Item v[kRows][kItems];
-    // Row pointers are recomputed for the stores rather than kept live across the reductions:
-    // registers are what limits the rows in flight.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const typename Op::Row w = op.row(r0 + k < rows ? r0 + k : 0);
+      const int64_t r = base + k * kGroups + group;
+      const typename Op::Row w = op.row(r < rows ? r : 0);
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         const int64_t c = pack_col(j, lane, G, kPack);
-        op.template load<kPack>(w, c, &v[k][j * kPack], c + kPack <= op.cols, r0 + k < rows);
+        op.template load<kPack>(w, c, &v[k][j * kPack], c + kPack <= op.cols, r < rows);
       }
     }
 #pragma unroll
     for (int k = 0; k < kRows; ++k) op.template finish<kItems>(v[k], GroupReduce<G>());
+    // Row pointers are recomputed for the stores rather than kept live across the reductions:
+    // registers are what limits the rows in flight.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      if (r0 + k >= rows) continue;
-      const typename Op::Row w = op.row(r0 + k);
+      const int64_t r = base + k * kGroups + group;
+      if (r >= rows) continue;
+      const typename Op::Row w = op.row(r);
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         const int64_t c = pack_col(j, lane, G, kPack);
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, kWarpFamilyMinBlocks) rows
 // rows_block: one row per block at a time, held in the registers of all its threads.
 
 template <typename Op, int kPack, int kPacks>
-__global__ void __launch_bounds__(kBlockMaxThreads) rows_block(const Op op, int64_t rows) {
+__global__ void __launch_bounds__(block_max_threads<Op>()) rows_block(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   using C = typename Op::C;
   constexpr int kItems = kPack * kPacks;
@@ -400,10 +400,11 @@ __global__ void __launch_bounds__(kBlockMaxThreads) rows_block(const Op op, int6
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2 };
 
 template <typename Op, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
+__global__ void __launch_bounds__(kStreamThreads, min_blocks<Op>(kStreamThreads)) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
+  constexpr int kStreamUnroll = Op::kStreamUnroll;
   constexpr int kStep = kPack * kStreamUnroll;
   __shared__ Stat scratch[kMaxWarpsPerBlock];
   const int64_t nblocks = rows * chunks;
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) rows_stream(
 // each pass reading the row from global memory.
 
 template <typename T, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) rows_naive(const ForwardOp<T> op, int64_t rows) {
+__global__ void __launch_bounds__(kStreamThreads, min_blocks<ForwardOp<T>>(kStreamThreads)) rows_naive(const ForwardOp<T> op, int64_t rows) {
   using C = typename Compute<T>::type;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;

@@ -54,7 +54,30 @@ def bench(args):
     report = _bench.run(shapes=args.shapes, dtypes=args.dtypes, attention=not args.no_attention,
                         json_path=args.json)
     print(_bench.table(report))
+    if args.plot:
+        try:
+            _bench.plot(report, args.plot)
+        except ImportError:
+            print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 1
+        print(f"plot written to {args.plot}")
     return 0
+
+
+def gate(args):
+    if not _gpu_or_exit("gate"):
+        return 2
+    from . import _gate
+
+    gpu = _gate.current_gpu()
+    path = args.baseline or _gate.baseline_path(gpu)
+    if args.save:
+        return _gate.save(path, extra=args.pytest_args)
+    try:
+        return _gate.compare(path, gpu, threshold=args.threshold, extra=args.pytest_args)
+    except _gate.GateError as e:
+        print(f"gate: {e}", file=sys.stderr)
+        return 3
 
 
 def main(argv=None):
@@ -66,7 +89,14 @@ def main(argv=None):
     b.add_argument("--dtypes", type=lambda s: s.split(","), help="float32,float16,bfloat16 (default all three)")
     b.add_argument("--no-attention", action="store_true", help="skip the [B,H,S,S] attention cases")
     b.add_argument("--json", help="write every measurement to this JSON file")
+    b.add_argument("--plot", help="draw GB/s against row length per algorithm into this PNG (needs matplotlib)")
     b.set_defaults(fn=bench)
+    g = sub.add_parser("gate", help="benchmark regression gate against this GPU's stored baseline")
+    g.add_argument("--save", action="store_true", help="run the suite and (re)write this GPU's baseline")
+    g.add_argument("--baseline", help="baseline file (default benchmarks/baselines/<gpu>.json)")
+    g.add_argument("--threshold", default="median:10%", help="--benchmark-compare-fail value (default median:10%%)")
+    g.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
+    g.set_defaults(fn=gate)
     args = parser.parse_args(argv)
     return args.fn(args)
 

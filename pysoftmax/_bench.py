@@ -24,6 +24,14 @@ ATTENTION_SHAPES = [(8, 32, 1024), (2, 16, 4096), (1, 8, 8192), (64, 16, 128)]
 DTYPES = ["float32", "float16", "bfloat16"]
 
 
+def gpu_clock():
+    """Host clock read once the device is idle: the pytest-benchmark timer of benchmarks/."""
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+    return time.perf_counter()
+
+
 def _cupy():
     import cupy
 
@@ -237,3 +245,33 @@ def table(report):
                      f"{cell(g('torch'))} {cell(g('torch composed'))} {cell(g('cupy'))} "
                      f"{(f / max(peers)) if f and peers else float('nan'):11.2f}x")
     return "\n".join(lines)
+
+
+def plot(report, path):
+    """GB/s against row length, one line per algorithm and dtype, with the copy ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
+    for ax, case in zip(axes, ("fwd", "bwd")):
+        lines = {}
+        for r in report["results"]:
+            if r["case"] != case or "gbs" not in r:
+                continue
+            lines.setdefault((r["algo"], r["dtype"]), []).append((r["shape"][-1], r["gbs"]))
+        for (algo, dtype), pts in sorted(lines.items()):
+            pts.sort()
+            style = "-" if algo == "fused" else "--" if algo in ("online", "naive") else ":"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=f"{algo} {dtype}")
+        ax.axhline(report["copy_gbs"], color="k", lw=1)
+        ax.text(32, report["copy_gbs"] * 1.01, f"copy {report['copy_gbs']:.0f} GB/s", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("row length (columns)")
+        ax.set_title(f"{'forward' if case == 'fwd' else 'backward'} — {report['device']}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    axes[0].set_ylabel("GB/s (fewest bytes moved)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

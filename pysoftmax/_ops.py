@@ -84,6 +84,13 @@ def _from_cupy(a, arr):
     return a
 
 
+def _known_typestr(typestr):
+    try:
+        return numpy.dtype(typestr).kind in "fcbiu"
+    except TypeError:
+        return False
+
+
 def _arr(obj, name):
     """Read a device array argument; TypeError if `obj` is not one."""
     a = _Arr()
@@ -99,6 +106,8 @@ def _arr(obj, name):
         cai = obj.__cuda_array_interface__
     except (AttributeError, TypeError, RuntimeError, ValueError):  # absent, or refused (torch bfloat16)
         cai = None
+    if cai is not None and hasattr(obj, "__dlpack__") and not _known_typestr(cai.get("typestr")):
+        cai = None  # e.g. torch bfloat16 exports '<V2' here; DLPack names the type
     if cai is not None:
         a.cp = None
         a.obj = obj

@@ -102,3 +102,22 @@ def assert_close(got, ref, dtype, what=""):
     err = row_error(got, ref)
     assert numpy.isfinite(err) and err <= TOL[dtype], f"{what}: max row error {err:.3e} > {TOL[dtype]:.0e} ({dtype})"
     return err
+
+
+def assert_grad_close(got, y, dy, scale, dtype, what=""):
+    """Backward check. dx = scale * y * (dy - d) cancels where dy is close to d, so the error is
+    measured against the size of the terms, ||scale * y * (|dy| + |d|)|| per row, not ||dx||:
+    that is what rounding in `dtype` can be held to (the forward bounds of TOL)."""
+    y = numpy.asarray(y, numpy.float64)
+    dy = numpy.asarray(dy, numpy.float64)
+    ref = ref_backward(y, dy, scale)
+    d = (dy * y).sum(axis=-1, keepdims=True)
+    size = numpy.abs(scale * y) * (numpy.abs(dy) + numpy.abs(d))
+    got = numpy.asarray(got, numpy.float64)
+    num = numpy.sqrt(((got - ref) ** 2).sum(axis=-1))
+    den = numpy.sqrt((size**2).sum(axis=-1))
+    zero = den == 0
+    err = numpy.where(zero, num, num / numpy.where(zero, 1.0, den))
+    err = float(err.max()) if err.size else 0.0
+    assert numpy.isfinite(err) and err <= TOL[dtype], f"{what}: max row error {err:.3e} > {TOL[dtype]:.0e} ({dtype})"
+    return err

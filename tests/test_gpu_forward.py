@@ -73,9 +73,10 @@ def test_row_counts(algo, rows, cols):
 
 @pytest.mark.parametrize("family", ["warp", "block", "stream"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [1, 7, 64, 333, 1024])
+@pytest.mark.parametrize("cols", [1, 7, 64, 255, 256])
 def test_every_family_on_the_same_rows(family, dtype, cols):
-    """Forcing each family on shapes they can all hold: they must agree with the reference."""
+    """Forcing each family on shapes they can all hold (vector and scalar packs, every dtype):
+    they must agree with the reference."""
     g = rng()
     x64 = rounded(g.standard_normal((19, cols)) * 4, dtype)
     out = poisoned((19, cols), dtype)
@@ -129,7 +130,7 @@ def test_edge_values(algo, dtype, cols):
     x64[2, cols // 2] = numpy.nan
     x64[3, cols // 3] = numpy.inf
     x64[4, :] = rounded(g.uniform(-1, 1, cols) * big, dtype)
-    x64[5, :] = rounded(g.uniform(-1, 1, cols), dtype) - big / 2
+    x64[5, :] = rounded(g.uniform(-1, 1, cols) - big / 2, dtype)
     y = to_host64(run(algo, to_device(x64, dtype), out=poisoned(x64.shape, dtype, 123.0)))
     ref = ref_softmax(x64)
     assert numpy.all(y[1] == 0), "an all -inf row must give zeros"

@@ -1,0 +1,142 @@
+"""The benchmark suite: pysoftmax vs CuPy's composed softmax and torch, on PERF.md's shapes.
+
+Groups are "<direction> <rows>x<cols> <dtype>"; within a group each algorithm is one benchmark.
+extra_info records the bytes the op must move, GB/s and % of the copy bandwidth measured at the
+start of the session. Run through `make gate` (compare) or `make baseline` (save).
+"""
+
+import math
+
+import numpy
+import pytest
+
+from pysoftmax import _bench
+
+try:
+    import cupy
+except ImportError:  # pragma: no cover
+    cupy = None
+
+DTYPES = ["float32", "float16", "bfloat16"]
+FORWARD = ["fused", "fused_masked", "online", "naive", "cupy", "torch"]
+BACKWARD = ["backward", "naive_backward", "torch"]
+ROUND_SECONDS = 2e-3  # each round runs this long or more: one synchronisation is then noise
+ROUNDS = 7
+
+
+@pytest.fixture(scope="session")
+def copy_gbs():
+    return _bench.copy_bandwidth(_bench.Timer(), nbytes=2 << 30)
+
+
+class _Inputs:
+    """Input sets for one (shape, dtype), kept while consecutive tests use them."""
+
+    key = None
+    sets = None
+
+    @classmethod
+    def get(cls, shape, dtype, arrays):
+        key = (shape, dtype, arrays)
+        if cls.key != key:
+            cls.sets = None
+            cupy.get_default_memory_pool().free_all_blocks()
+            nbytes = math.prod(shape) * (4 if dtype == "float32" else 2)
+            l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
+            copies = max(1, math.ceil(3 * l2 / nbytes))  # rotate through > 3x L2 of inputs
+            cls.sets = [[_bench._make(cupy, shape, dtype, None) for _ in range(arrays)] for _ in range(copies)]
+            cls.key = key
+        return cls.sets
+
+
+def _torch():
+    try:
+        import torch
+
+        return torch if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
+def _case_fn(direction, algo, shape, dtype):
+    """A callable running the case once on the next input set, or None if the peer is missing."""
+    import pysoftmax
+
+    sets = _Inputs.get(shape, dtype, 1 if direction == "fwd" else 2)
+    out = cupy.empty_like(sets[0][0])
+    state = {"i": 0}
+    torch = _torch()
+    if algo in ("cupy",) and dtype == "bfloat16":
+        return None
+    if algo == "torch" and torch is None:
+        return None
+    tdt = None if torch is None else {"float32": torch.float32, "float16": torch.float16,
+                                      "bfloat16": torch.bfloat16}[dtype]
+
+    def nxt():
+        s = sets[state["i"] % len(sets)]
+        state["i"] += 1
+        return s
+
+    if direction == "fwd":
+        if algo == "fused":
+            return lambda: pysoftmax.fused(nxt()[0], out=out)
+        if algo == "fused_masked":
+            view = _bench._attention_view(shape)
+            keep = cupy.random.random((view[0], 1, view[2])) > 0.1
+            outv = out.reshape(view)
+            return lambda: pysoftmax.fused(nxt()[0].reshape(view), scale=0.125, mask=keep, causal=True, out=outv)
+        if algo in ("online", "naive"):
+            fn = getattr(pysoftmax, algo)
+            return lambda: fn(nxt()[0], out=out)
+        if algo == "cupy":
+            import cupyx.scipy.special
+
+            return lambda: cupyx.scipy.special.softmax(nxt()[0], axis=-1)
+        tsets = [torch.from_dlpack(s[0]) for s in sets]
+
+        def tf():
+            x = tsets[state["i"] % len(tsets)]
+            state["i"] += 1
+            return torch.softmax(x, -1)
+
+        return tf
+    if algo in ("backward", "naive_backward"):
+        fn = getattr(pysoftmax, algo)
+        return lambda: fn(*nxt(), out=out)
+    tsets = [(torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets]
+
+    def tb():
+        y, dy = tsets[state["i"] % len(tsets)]
+        state["i"] += 1
+        return torch._softmax_backward_data(dy, y, -1, tdt)
+
+    return tb
+
+
+def _cases():
+    for rows, cols in _bench.PERF_SHAPES:
+        for dtype in DTYPES:
+            for algo in FORWARD:
+                yield pytest.param("fwd", algo, (rows, cols), dtype, id=f"fwd-{rows}x{cols}-{dtype}-{algo}")
+            for algo in BACKWARD:
+                yield pytest.param("bwd", algo, (rows, cols), dtype, id=f"bwd-{rows}x{cols}-{dtype}-{algo}")
+
+
+@pytest.mark.parametrize("direction,algo,shape,dtype", list(_cases()))
+def test_softmax(benchmark, copy_gbs, direction, algo, shape, dtype):
+    fn = _case_fn(direction, algo, shape, dtype)
+    if fn is None:
+        pytest.skip(f"{algo} not available for {dtype}")
+    benchmark.group = f"{direction} {shape[0]}x{shape[1]} {dtype}"
+    fn()  # warm-up: module load, allocator, autotuning of peers
+    cupy.cuda.runtime.deviceSynchronize()
+    start = _bench.gpu_clock()
+    fn()
+    once = _bench.gpu_clock() - start
+    iterations = max(1, int(ROUND_SECONDS / max(once, 1e-7)))
+    benchmark.pedantic(fn, rounds=ROUNDS, iterations=iterations, warmup_rounds=1)
+    nbytes = (2 if direction == "fwd" else 3) * math.prod(shape) * (4 if dtype == "float32" else 2)
+    median = benchmark.stats.stats.median
+    benchmark.extra_info.update(bytes=nbytes, gbs=nbytes / median / 1e9, pct_copy=100 * nbytes / median / 1e9 / copy_gbs,
+                                copy_gbs=copy_gbs, iterations=iterations)

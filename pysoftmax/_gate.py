@@ -1,0 +1,78 @@
+"""The benchmark regression gate: one baseline per GPU model, compared with pytest-benchmark.
+
+Baselines live in ``benchmarks/baselines/<gpu-slug>.json`` (e.g. ``nvidia-h200.json``), written by
+the suite itself (``--save``). pytest-benchmark files its runs under a machine id that ignores the
+GPU, so the gate refuses a baseline from another GPU model itself, then lays the file out in a
+temporary storage folder the way pytest-benchmark expects and runs
+``pytest benchmarks --benchmark-compare=0001 --benchmark-compare-fail=<threshold>``.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINES = os.path.join(REPO, "benchmarks", "baselines")
+SUITE = os.path.join(REPO, "benchmarks")
+TIMER = "--benchmark-timer=pysoftmax._bench.gpu_clock"
+# Median run-to-run spread measured on the H200 is a few percent per benchmark (README, "The
+# gate"); 10% stays clear of it while a kernel 20% slower still fails.
+THRESHOLD = "median:10%"
+
+
+class GateError(Exception):
+    """The gate could not run the comparison it was asked for (missing or foreign baseline)."""
+
+
+def slug(gpu_name):
+    """'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+
+
+def current_gpu():
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+
+
+def baseline_path(gpu_name):
+    return os.path.join(BASELINES, slug(gpu_name) + ".json")
+
+
+def _pytest(args):
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=REPO)
+
+
+def save(path, suite=SUITE, extra=(), timer=TIMER):
+    """Run the suite and write its results to `path` (the baseline of this GPU model)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return _pytest([suite, timer, f"--benchmark-json={path}", "-q", *extra])
+
+
+def compare(baseline, gpu_name, suite=SUITE, threshold=THRESHOLD, extra=(), timer=TIMER):
+    """Run the suite against `baseline`; the exit status is pytest's (non-zero on a regression)."""
+    if not os.path.exists(baseline):
+        raise GateError(f"no baseline for GPU {gpu_name!r} at {baseline}; create it with `make baseline`")
+    with open(baseline) as f:
+        data = json.load(f)
+    theirs = (data.get("machine_info", {}).get("gpu") or {}).get("name")
+    if theirs != gpu_name:
+        raise GateError(
+            f"refusing to compare: {baseline} was saved on GPU {theirs!r}, this is {gpu_name!r}; "
+            "each GPU model has its own baseline"
+        )
+    from pytest_benchmark.utils import get_machine_id
+
+    with tempfile.TemporaryDirectory() as storage:
+        folder = os.path.join(storage, get_machine_id())
+        os.makedirs(folder)
+        shutil.copy(baseline, os.path.join(folder, "0001_baseline.json"))
+        return _pytest([suite, timer, f"--benchmark-storage=file://{storage}", "--benchmark-compare=0001",
+                        f"--benchmark-compare-fail={threshold}", "--benchmark-columns=median,iqr,rounds",
+                        "--benchmark-sort=fullname", "-q", *extra])
