@@ -107,7 +107,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   using T = typename Op::Storage;
   const int tiny_rows = tiny_rows_for_pack<Op>(pack);
   constexpr int kBlockMax = block_max_threads<Op>();
-  constexpr int kUnroll = Op::kStreamUnroll;
+  const int unroll = pack > 1 ? stream_unroll<Op, 16 / sizeof(T)>() : stream_unroll<Op, 1>();
   Plan p;
   p.pack = pack;
   const int64_t packs = ceil_div(cols, pack);
@@ -137,12 +137,12 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
   } else if (auto_family || family == SOFTMAX_FAMILY_STREAM) {
     p.family = SOFTMAX_FAMILY_STREAM;
-    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, kUnroll), dev.warp),
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, unroll), dev.warp),
                                                    threads > 0 ? std::min(threads, kStreamThreads) : kStreamThreads));
     const int64_t step = static_cast<int64_t>(p.threads) * pack;
     const int64_t resident = static_cast<int64_t>(dev.sms) * (2048 / p.threads);
     int64_t want = chunks > 0 ? chunks : (rows >= resident ? 1 : ceil_div(resident, rows));
-    want = std::max<int64_t>(1, std::min(want, ceil_div(cols, step * kUnroll)));
+    want = std::max<int64_t>(1, std::min(want, ceil_div(cols, step * unroll)));
     p.chunk_cols = round_up(ceil_div(cols, want), step);
     p.chunks = ceil_div(cols, p.chunk_cols);
     p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);

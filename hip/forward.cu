@@ -22,10 +22,10 @@ int mask_elem_bytes(int dtype) {
 }
 
 // Fills the operation from the problem, checking what only the forward direction has.
-template <typename T> int make_op(const softmax_problem_t& p, ForwardOp<T>* op, bool* vec) {
+template <typename T, bool kMasked> int make_op(const softmax_problem_t& p, ForwardOp<T, kMasked>* op, bool* vec) {
   using C = typename Compute<T>::type;
   constexpr int kVec = 16 / sizeof(T);
-  *op = ForwardOp<T>{};
+  *op = ForwardOp<T, kMasked>{};
   op->x = static_cast<const T*>(p.x);
   op->y = static_cast<T*>(p.out);
   op->x_stride = p.x_row_stride;
@@ -67,10 +67,12 @@ template <typename T> int make_op(const softmax_problem_t& p, ForwardOp<T>* op, 
   return SOFTMAX_OK;
 }
 
-template <typename T> int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
-  ForwardOp<T> op;
+template <typename T, bool kMasked>
+int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
+  using Op = ForwardOp<T, kMasked>;
+  Op op;
   bool vec = false;
-  int st = make_op<T>(p, &op, &vec);
+  int st = make_op<T, kMasked>(p, &op, &vec);
   if (st != SOFTMAX_OK) return st;
   DeviceInfo dev;
   if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
@@ -78,12 +80,12 @@ template <typename T> int forward_typed(const softmax_problem_t& p, hipStream_t 
   Plan plan;
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
-      if (!plan_rows<ForwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
+      if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                     static_cast<long long>(p.cols));
       break;
     case SOFTMAX_ALGO_ONLINE:
-      plan_rows<ForwardOp<T>>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan);
+      plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan);
       break;
     case SOFTMAX_ALGO_NAIVE:
       plan = plan_naive(p.rows, p.cols, pack, dev);
@@ -91,19 +93,23 @@ template <typename T> int forward_typed(const softmax_problem_t& p, hipStream_t 
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
-  const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename ForwardOp<T>::Stat));
+  const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
   if (plan.family == kNaiveFamily) {
+    if constexpr (kMasked) {
+      return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
+    } else {
     const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
     if (pack > 1)
       rows_naive<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(op, p.rows);
     else
       rows_naive<T, 1><<<grid, block, 0, stream>>>(op, p.rows);
     return launch_status("rows_naive");
+    }
   }
   return launch_plan(op, p.rows, plan, stream, p.workspace);
 }
@@ -118,5 +124,10 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
     if (mode == EntryMode::kDescribe) snprintf(q->text, static_cast<size_t>(q->text_len), "family=none (empty)");
     return SOFTMAX_OK;
   }
-  return with_dtype(p->dtype, [&](auto tag) { return forward_typed<decltype(tag)>(*p, stream, mode, q); });
+  // Masks and causal limits select the loader that has them compiled in (ForwardOp::kMasked).
+  const bool masked = (p->mask && p->mask_dtype != SOFTMAX_NONE) || p->causal_queries != 0;
+  return with_dtype(p->dtype, [&](auto tag) {
+    return masked ? forward_typed<decltype(tag), true>(*p, stream, mode, q)
+                  : forward_typed<decltype(tag), false>(*p, stream, mode, q);
+  });
 }

@@ -10,6 +10,8 @@
 //                          `reduce(value, op)` across the threads that share the row
 //   Stat / accumulate / merge / finalize / apply   the same maths streamed over global memory
 // ForwardOp carries scale, mask and causal inside load(): "fused" is a loader, not a kernel copy.
+// Its kMasked parameter compiles the mask/causal code in or out: measured on the H200, the mere
+// presence of that code between the loads cost 15-45% of bandwidth on unmasked rows.
 //
 // Families (one __global__ each):
 //   rows_warp    a group of G <= kMaxGroup lanes holds kRows rows in registers (short rows)
@@ -37,27 +39,88 @@ template <typename Op> constexpr int block_max_threads() {
   return kRegistersPerSm / Op::kRegisterCap < kMaxBlockThreads ? kRegistersPerSm / Op::kRegisterCap : kMaxBlockThreads;
 }
 
+// Packs per thread per rows_stream step: 32 registers of values in flight (a float64 counts as
+// two), whatever the dtype and the number of arrays read.
+template <typename Op, int kPack> constexpr int stream_unroll() {
+  constexpr int n = 32 / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
+  return n < 1 ? 1 : n > 16 ? 16 : n;  // element-wise (scalar) packs: 16 loads per step suffice
+}
+
 // Most values one thread keeps in registers for a row (a 4-byte or 2-byte element widens to one
 // float register, float64 to two).
 template <typename T> constexpr int max_items() { return sizeof(T) == 8 ? 16 : 32; }
 // Unaligned rows load element by element; more than 16 scalar packs per lane spill registers.
 template <typename T> constexpr int max_scalar_items() { return sizeof(T) == 8 ? 8 : 16; }
 
+// The packs one thread walks in one step: pack j starts at column base + (j * width + lane) * kPack,
+// so consecutive threads touch consecutive memory (coalesced). Columns at or past `end` (the row's
+// or the chunk's end) are not this step's: loads pad them, stores skip them.
+struct Span {
+  int64_t base;
+  int lane, width;
+  int64_t end;
+  template <int kPack> __device__ __forceinline__ int64_t col(int j) const {
+    return base + (static_cast<int64_t>(j) * width + lane) * kPack;
+  }
+};
+
+// How many of the kPack columns from c lie below `bound` (0..kPack), as a small int so that the
+// per-element test is one 32-bit compare.
+template <int kPack> __device__ __forceinline__ int inside(int64_t c, int64_t bound) {
+  const int64_t n = bound - c;
+  return n <= 0 ? 0 : n >= kPack ? kPack : static_cast<int>(n);
+}
+
+// Reads kPacks packs of T at the span's columns of `row` into raw, all loads issued before any
+// value is used (no branch between them but the predicate of each). A pack outside [0, bound)
+// is not read; its raw values are left as T() and replaced by the caller's pad.
+template <typename T, int kPack, int kPacks>
+__device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, T (&raw)[kPacks][kPack]) {
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int64_t c = s.col<kPack>(j);
+    const int n = live ? inside<kPack>(c, bound) : 0;
+    if (n == kPack && kPack > 1) {
+      load_pack<T, kPack>(row + c, raw[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) raw[j][i] = i < n ? row[c + i] : T();
+    }
+  }
+}
+
+// Writes the span's packs of `row` (columns below s.end only).
+template <typename T, int kPack, int kPacks>
+__device__ __forceinline__ void store_span(T* row, const Span& s, const T (&out)[kPacks][kPack]) {
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int64_t c = s.col<kPack>(j);
+    const int n = inside<kPack>(c, s.end);
+    if (n == kPack && kPack > 1) {
+      store_pack<T, kPack>(row + c, out[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i)
+        if (i < n) row[c + i] = out[j][i];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: softmax(x * scale + mask) with an optional causal limit.
 
-template <typename T> struct ForwardOp {
+template <typename T, bool kMasked> struct ForwardOp {
   using Storage = T;
   using C = typename Compute<T>::type;
   using Item = C;
   using Stat = MaxSum<C>;
   using Merge = MergeMaxSum;
-  static constexpr int kInputs = 1;  // arrays read per column
-  // Two reductions and an exp per value make forward latency-bound: it trades registers for
-  // resident threads (measured on the H200: 64 beats an uncapped build by 10-30% on rows of
-  // 512..8192; tools/tune.py).
-  static constexpr int kRegisterCap = 64;
-  static constexpr int kStreamUnroll = 8;  // packs in flight per thread per rows_stream step
+  // Arrays read per column, for register budgets: the mask counts as a second one.
+  static constexpr int kInputs = kMasked ? 2 : 1;
+  // Two reductions and an exp per value make the plain forward latency-bound: it trades
+  // registers for resident threads (H200: a 64-register cap beat an uncapped build by 10-30% on
+  // rows of 512..8192). The masked loader holds mask values too and gets backward's budget.
+  static constexpr int kRegisterCap = kMasked ? 128 : 64;
 
   const T* x;
   T* y;
@@ -80,9 +143,9 @@ template <typename T> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.limit = causal_queries ? min(cols, r % causal_queries + 1) : cols;
+    w.limit = kMasked && causal_queries ? min(cols, r % causal_queries + 1) : cols;
     w.mask = nullptr;
-    if (mask) {
+    if (kMasked && mask) {
       int64_t off = 0, rest = r;
       for (int d = mask_ndim - 1; d >= 0; --d) {
         off += (rest % mask_shape[d]) * mask_stride[d];
@@ -100,72 +163,74 @@ template <typename T> struct ForwardOp {
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
 
-  template <typename M, int N>
-  __device__ __forceinline__ void apply_mask(const Row& w, int64_t c, C* v, bool full) const {
+  // The mask for the span, added (float) or applied (bool) to v. Mask reads are batched like the
+  // logits' and skipped where the logits were.
+  template <typename M, int kPack, int kPacks>
+  __device__ __forceinline__ void apply_mask(const Row& w, const Span& s, int64_t bound, bool live, C* v) const {
     const M* m = reinterpret_cast<const M*>(w.mask);
-    M mv[N];
-    if (N > 1 && full && mask_vec) {
-      load_pack<M, N>(m + c, mv);
-    } else {
+    M mv[kPacks][kPack];
+    if (mask_vec) {
+      load_span<M, kPack, kPacks>(m, s, bound, live, mv);
+    } else {  // columns of the mask are not unit-stride
 #pragma unroll
-      for (int i = 0; i < N; ++i) mv[i] = c + i < cols ? m[(c + i) * mask_col_stride] : M();
+      for (int j = 0; j < kPacks; ++j) {
+        const int64_t c = s.col<kPack>(j);
+        const int n = live ? inside<kPack>(c, bound) : 0;
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) mv[j][i] = i < n ? m[(c + i) * mask_col_stride] : M();
+      }
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (sizeof(M) == 1) {
-        if (!to_compute(mv[i])) v[i] = neg_inf<C>();  // boolean: True keeps
-      } else {
-        v[i] += static_cast<C>(to_compute(mv[i]));    // additive
+    for (int j = 0; j < kPacks; ++j) {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) {
+        C& x = v[j * kPack + i];
+        if (sizeof(M) == 1) {
+          if (!to_compute(mv[j][i])) x = neg_inf<C>();  // boolean: True keeps
+        } else {
+          x += static_cast<C>(to_compute(mv[j][i]));    // additive
+        }
       }
     }
   }
 
-  // `live` false: a pack outside the rows or the chunk being walked; it becomes the pad.
-  template <int N>
-  __device__ __forceinline__ void load(const Row& w, int64_t c, C* v, bool full, bool live = true) const {
-    // A pack entirely past the causal limit (or the row) is never read.
-    if (!live || c >= w.limit) {
+  // The span's values, scaled and masked; pads (-inf) past the causal limit, the span's end, and
+  // for dead rows. Columns past the causal limit are never read.
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v) const {
+    const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
+    T raw[kPacks][kPack];
+    load_span<T, kPack, kPacks>(w.x, s, bound, live, raw);
 #pragma unroll
-      for (int i = 0; i < N; ++i) v[i] = pad();
-      return;
-    }
-    T raw[N];
-    if (N > 1 && full) {
-      load_pack<T, N>(w.x + c, raw);
-    } else {
+    for (int j = 0; j < kPacks; ++j)
 #pragma unroll
-      for (int i = 0; i < N; ++i) raw[i] = c + i < cols ? w.x[c + i] : T();
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = static_cast<C>(to_compute(raw[i])) * scale;
-    if (mask) {
+      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[j][i])) * scale;
+    if (kMasked && mask) {
       switch (mask_dtype) {
-        case SOFTMAX_BOOL: apply_mask<uint8_t, N>(w, c, v, full); break;
-        case SOFTMAX_FLOAT16: apply_mask<__half, N>(w, c, v, full); break;
-        case SOFTMAX_BFLOAT16: apply_mask<bf16_t, N>(w, c, v, full); break;
-        case SOFTMAX_FLOAT32: apply_mask<float, N>(w, c, v, full); break;
-        default: apply_mask<double, N>(w, c, v, full); break;
+        case SOFTMAX_BOOL: apply_mask<uint8_t, kPack, kPacks>(w, s, bound, live, v); break;
+        case SOFTMAX_FLOAT16: apply_mask<__half, kPack, kPacks>(w, s, bound, live, v); break;
+        case SOFTMAX_BFLOAT16: apply_mask<bf16_t, kPack, kPacks>(w, s, bound, live, v); break;
+        case SOFTMAX_FLOAT32: apply_mask<float, kPack, kPacks>(w, s, bound, live, v); break;
+        default: apply_mask<double, kPack, kPacks>(w, s, bound, live, v); break;
       }
     }
-    if (c + N > w.limit) {
 #pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (c + i >= w.limit) v[i] = pad();  // past the causal limit, or past the row end
+    for (int j = 0; j < kPacks; ++j) {
+      const int n = live ? inside<kPack>(s.col<kPack>(j), bound) : 0;
+#pragma unroll
+      for (int i = 0; i < kPack; ++i)
+        if (i >= n) v[j * kPack + i] = pad();
     }
   }
 
-  template <int N>
-  __device__ __forceinline__ void store(const Row& w, int64_t c, const C* v, bool full) const {
-    T out[N];
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void store(const Row& w, const Span& s, const C* v) const {
+    T out[kPacks][kPack];
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = from_compute<T>(v[i]);
-    if (N > 1 && full) {
-      store_pack<T, N>(w.y + c, out);
-    } else {
+    for (int j = 0; j < kPacks; ++j)
 #pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (c + i < cols) w.y[c + i] = out[i];
-    }
+      for (int i = 0; i < kPack; ++i) out[j][i] = from_compute<T>(v[j * kPack + i]);
+    store_span<T, kPack, kPacks>(w.y, s, out);
   }
 
   // Rows in registers: one exp per element (the max is reduced first, then the sum).
@@ -216,7 +281,6 @@ template <typename T> struct BackwardOp {
   // Two arrays per value already put enough bytes in flight; capping registers made it spill
   // (measured on the H200: 128 gives 97-101% of copy bandwidth where 64 gave 73-77%).
   static constexpr int kRegisterCap = 128;
-  static constexpr int kStreamUnroll = 4;
 
   const T* y;
   const T* dy;
@@ -234,39 +298,26 @@ template <typename T> struct BackwardOp {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
 
-  template <int N>
-  __device__ __forceinline__ void load(const Row& w, int64_t c, Item* v, bool full, bool live = true) const {
-    T a[N], b[N];
-    if (!live) {
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, Item* v) const {
+    T a[kPacks][kPack], b[kPacks][kPack];
+    load_span<T, kPack, kPacks>(w.y, s, s.end, live, a);
+    load_span<T, kPack, kPacks>(w.dy, s, s.end, live, b);
 #pragma unroll
-      for (int i = 0; i < N; ++i) a[i] = b[i] = T();
-    } else if (N > 1 && full) {
-      load_pack<T, N>(w.y + c, a);
-      load_pack<T, N>(w.dy + c, b);
-    } else {
+    for (int j = 0; j < kPacks; ++j)
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const bool in = c + i < cols;
-        a[i] = in ? w.y[c + i] : T();
-        b[i] = in ? w.dy[c + i] : T();
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = {static_cast<C>(to_compute(a[i])), static_cast<C>(to_compute(b[i]))};
+      for (int i = 0; i < kPack; ++i)  // pads are (0, 0): they add nothing to the dot product
+        v[j * kPack + i] = {static_cast<C>(to_compute(a[j][i])), static_cast<C>(to_compute(b[j][i]))};
   }
 
-  template <int N>
-  __device__ __forceinline__ void store(const Row& w, int64_t c, const Item* v, bool full) const {
-    T out[N];
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void store(const Row& w, const Span& s, const Item* v) const {
+    T out[kPacks][kPack];
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = from_compute<T>(v[i].y);
-    if (N > 1 && full) {
-      store_pack<T, N>(w.dx + c, out);
-    } else {
+    for (int j = 0; j < kPacks; ++j)
 #pragma unroll
-      for (int i = 0; i < N; ++i)
-        if (c + i < cols) w.dx[c + i] = out[i];
-    }
+      for (int i = 0; i < kPack; ++i) out[j][i] = from_compute<T>(v[j * kPack + i].y);
+    store_span<T, kPack, kPacks>(w.dx, s, out);
   }
 
   // The result goes into Item::y (store() reads it from there).
@@ -309,12 +360,6 @@ template <typename V> struct BlockReduce {
   }
 };
 
-// Column of pack j for a thread at position `lane` among `width` threads sharing the row: packs
-// are interleaved so that consecutive threads touch consecutive memory (coalesced).
-__device__ __forceinline__ int64_t pack_col(int j, int64_t lane, int64_t width, int pack) {
-  return (static_cast<int64_t>(j) * width + lane) * pack;
-}
-
 // ---------------------------------------------------------------------------------------------
 // rows_warp: groups of G lanes, each group kRows rows at a time, kPacks packs of kPack per lane.
 // The loop bound is the warp's first row, so all lanes of a warp run the same trips and every
@@ -324,9 +369,9 @@ template <typename Op, int kPack, int kPacks, int G, int kRows>
 __global__ void __launch_bounds__(kWarpFamilyThreads, min_blocks<Op>(kWarpFamilyThreads)) rows_warp(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   constexpr int kItems = kPack * kPacks;
-  constexpr int kGroups = kWarpSize / G;           // groups per warp
-  constexpr int kWarpRows = kGroups * kRows;       // rows per warp per step
-  const int lane = threadIdx.x % G;
+  constexpr int kGroups = kWarpSize / G;      // groups per warp
+  constexpr int kWarpRows = kGroups * kRows;  // rows per warp per step
+  const Span span{0, static_cast<int>(threadIdx.x % G), G, op.cols};
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
@@ -337,12 +382,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, min_blocks<Op>(kWarpFamily
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      const typename Op::Row w = op.row(r < rows ? r : 0);
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        const int64_t c = pack_col(j, lane, G, kPack);
-        op.template load<kPack>(w, c, &v[k][j * kPack], c + kPack <= op.cols, r < rows);
-      }
+      op.template load<kPack, kPacks>(op.row(r < rows ? r : 0), span, r < rows, v[k]);
     }
 #pragma unroll
     for (int k = 0; k < kRows; ++k) op.template finish<kItems>(v[k], GroupReduce<G>());
@@ -351,13 +391,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, min_blocks<Op>(kWarpFamily
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      if (r >= rows) continue;
-      const typename Op::Row w = op.row(r);
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        const int64_t c = pack_col(j, lane, G, kPack);
-        if (c < op.cols) op.template store<kPack>(w, c, &v[k][j * kPack], c + kPack <= op.cols);
-      }
+      if (r < rows) op.template store<kPack, kPacks>(op.row(r), span, v[k]);
     }
   }
 }
@@ -371,21 +405,12 @@ __global__ void __launch_bounds__(block_max_threads<Op>()) rows_block(const Op o
   using C = typename Op::C;
   constexpr int kItems = kPack * kPacks;
   __shared__ C scratch[kMaxWarpsPerBlock];
+  const Span span{0, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols};
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Item v[kItems];
-    const typename Op::Row w = op.row(r);
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int64_t c = pack_col(j, threadIdx.x, blockDim.x, kPack);
-      op.template load<kPack>(w, c, &v[j * kPack], c + kPack <= op.cols);
-    }
+    op.template load<kPack, kPacks>(op.row(r), span, true, v);
     op.template finish<kItems>(v, BlockReduce<C>{scratch});
-    const typename Op::Row ws = op.row(r);
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int64_t c = pack_col(j, threadIdx.x, blockDim.x, kPack);
-      if (c < op.cols) op.template store<kPack>(ws, c, &v[j * kPack], c + kPack <= op.cols);
-    }
+    op.template store<kPack, kPacks>(op.row(r), span, v);
   }
 }
 
@@ -404,27 +429,24 @@ __global__ void __launch_bounds__(kStreamThreads, min_blocks<Op>(kStreamThreads)
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
-  constexpr int kStreamUnroll = Op::kStreamUnroll;
-  constexpr int kStep = kPack * kStreamUnroll;
+  constexpr int kUnroll = stream_unroll<Op, kPack>();
+  constexpr int kStep = kPack * kUnroll;
   __shared__ Stat scratch[kMaxWarpsPerBlock];
   const int64_t nblocks = rows * chunks;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
     const int64_t r = id / chunks, chunk = id % chunks;
     const int64_t begin = chunk * chunk_cols;
     const int64_t end = min(op.cols, begin + chunk_cols);
     const typename Op::Row w = op.row(r);
-    const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
     typename Op::Final fin;
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
-      for (int64_t c0 = begin + threadIdx.x * kPack; c0 < end; c0 += stride) {
+      for (int64_t base = begin; base < end; base += stride) {
         Item v[kStep];
-#pragma unroll
-        for (int u = 0; u < kStreamUnroll; ++u) {
-          const int64_t c = c0 + static_cast<int64_t>(u) * blockDim.x * kPack;
-          op.template load<kPack>(w, c, &v[u * kPack], c + kPack <= end, c < end);  // past end: pad
-        }
+        op.template load<kPack, kUnroll>(w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end},
+                                          true, v);
         op.template accumulate<kStep>(st, v);
       }
       st = block_all_reduce(st, typename Op::Merge(), scratch);
@@ -438,19 +460,12 @@ __global__ void __launch_bounds__(kStreamThreads, min_blocks<Op>(kStreamThreads)
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = typename Op::Merge()(st, ws[r * chunks + k]);
       fin = Op::finalize(block_all_reduce(st, typename Op::Merge(), scratch));
     }
-    for (int64_t c0 = begin + threadIdx.x * kPack; c0 < end; c0 += stride) {
+    for (int64_t base = begin; base < end; base += stride) {
+      const Span span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
       Item v[kStep];
-#pragma unroll
-      for (int u = 0; u < kStreamUnroll; ++u) {
-        const int64_t c = c0 + static_cast<int64_t>(u) * blockDim.x * kPack;
-        op.template load<kPack>(w, c, &v[u * kPack], c + kPack <= end, c < end);
-      }
+      op.template load<kPack, kUnroll>(w, span, true, v);
       op.template apply<kStep>(v, fin);
-#pragma unroll
-      for (int u = 0; u < kStreamUnroll; ++u) {
-        const int64_t c = c0 + static_cast<int64_t>(u) * blockDim.x * kPack;
-        if (c < end) op.template store<kPack>(w, c, &v[u * kPack], c + kPack <= end);
-      }
+      op.template store<kPack, kUnroll>(w, span, v);
     }
   }
 }
@@ -460,32 +475,31 @@ __global__ void __launch_bounds__(kStreamThreads, min_blocks<Op>(kStreamThreads)
 // each pass reading the row from global memory.
 
 template <typename T, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, min_blocks<ForwardOp<T>>(kStreamThreads)) rows_naive(const ForwardOp<T> op, int64_t rows) {
+__global__ void __launch_bounds__(kStreamThreads, min_blocks<ForwardOp<T, false>>(kStreamThreads)) rows_naive(const ForwardOp<T, false> op, int64_t rows) {
   using C = typename Compute<T>::type;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const typename ForwardOp<T>::Row w = op.row(r);
+    const typename ForwardOp<T, false>::Row w = op.row(r);
     C v[kPack];
     C m = neg_inf<C>();
-    for (int64_t c = threadIdx.x * kPack; c < op.cols; c += stride) {
-      op.template load<kPack>(w, c, v, c + kPack <= op.cols);
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) m = MaxOp()(m, v[i]);
+    for (int64_t base = 0; base < op.cols; base += stride) {
+      op.template load<kPack, 1>(w, Span{base, static_cast<int>(threadIdx.x), 0, op.cols}, true, v);
+      m = MaxOp()(m, tree_reduce<kPack>(v, MaxOp()));
     }
     const C ref = safe_ref(block_all_reduce(m, MaxOp(), scratch));
     C s = 0;
-    for (int64_t c = threadIdx.x * kPack; c < op.cols; c += stride) {
-      op.template load<kPack>(w, c, v, c + kPack <= op.cols);
+    for (int64_t base = 0; base < op.cols; base += stride) {
+      op.template load<kPack, 1>(w, Span{base, static_cast<int>(threadIdx.x), 0, op.cols}, true, v);
 #pragma unroll
       for (int i = 0; i < kPack; ++i) s += exp_sub(v[i], ref);
     }
-    const typename ForwardOp<T>::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
-    for (int64_t c = threadIdx.x * kPack; c < op.cols; c += stride) {
-      const bool full = c + kPack <= op.cols;
-      op.template load<kPack>(w, c, v, full);
+    const typename ForwardOp<T, false>::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
+    for (int64_t base = 0; base < op.cols; base += stride) {
+      const Span span{base, static_cast<int>(threadIdx.x), 0, op.cols};
+      op.template load<kPack, 1>(w, span, true, v);
       op.template apply<kPack>(v, fin);
-      op.template store<kPack>(w, c, v, full);
+      op.template store<kPack, 1>(w, span, v);
     }
   }
 }

@@ -69,7 +69,10 @@ def compare(baseline, gpu_name, suite=SUITE, threshold=THRESHOLD, extra=(), time
         )
     from pytest_benchmark.utils import get_machine_id
 
-    with tempfile.TemporaryDirectory() as storage:
+    # pytest-benchmark reports storage paths relative to the working directory: keep it inside.
+    scratch = os.path.join(REPO, ".benchmarks")
+    os.makedirs(scratch, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch) as storage:
         folder = os.path.join(storage, get_machine_id())
         os.makedirs(folder)
         shutil.copy(baseline, os.path.join(folder, "0001_baseline.json"))
