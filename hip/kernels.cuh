@@ -71,21 +71,25 @@ template <int kPack> __device__ __forceinline__ int inside(int64_t c, int64_t bo
   return n <= 0 ? 0 : n >= kPack ? kPack : static_cast<int>(n);
 }
 
-// Reads kPacks packs of T at the span's columns of `row` into raw, all loads issued before any
-// value is used (no branch between them but the predicate of each). A pack outside [0, bound)
-// is not read; its raw values are left as T() and replaced by the caller's pad.
-template <typename T, int kPack, int kPacks>
-__device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, T (&raw)[kPacks][kPack]) {
+// Reads kPacks packs of T at the span's columns of `row`, widened to the compute type C, into
+// v[j * kPack + i]. Each pack is converted as soon as it is read, so only one pack of raw values
+// is live at a time; the loads themselves carry no dependency and are all issued up front. A pack
+// outside [0, bound) is not read and gives C(0) (callers overwrite it with their pad).
+template <typename C, typename T, int kPack, int kPacks>
+__device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v) {
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int64_t c = s.col<kPack>(j);
     const int n = live ? inside<kPack>(c, bound) : 0;
+    T raw[kPack];
     if (n == kPack && kPack > 1) {
-      load_pack<T, kPack>(row + c, raw[j]);
+      load_pack<T, kPack>(row + c, raw);
     } else {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) raw[j][i] = i < n ? row[c + i] : T();
+      for (int i = 0; i < kPack; ++i) raw[i] = i < n ? row[c + i] : T();
     }
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
   }
 }
 
@@ -168,27 +172,27 @@ template <typename T, bool kMasked> struct ForwardOp {
   template <typename M, int kPack, int kPacks>
   __device__ __forceinline__ void apply_mask(const Row& w, const Span& s, int64_t bound, bool live, C* v) const {
     const M* m = reinterpret_cast<const M*>(w.mask);
-    M mv[kPacks][kPack];
-    if (mask_vec) {
-      load_span<M, kPack, kPacks>(m, s, bound, live, mv);
-    } else {  // columns of the mask are not unit-stride
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        const int64_t c = s.col<kPack>(j);
-        const int n = live ? inside<kPack>(c, bound) : 0;
-#pragma unroll
-        for (int i = 0; i < kPack; ++i) mv[j][i] = i < n ? m[(c + i) * mask_col_stride] : M();
-      }
-    }
+    // One pack of mask at a time: masks are mostly broadcast rows served from cache, and holding
+    // them for every pack would double the registers the row needs.
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
+      const Span one{s.base + static_cast<int64_t>(j) * s.width * kPack, s.lane, s.width, s.end};
+      C mv[kPack];
+      if (mask_vec) {
+        load_span<C, M, kPack, 1>(m, one, bound, live, mv);
+      } else {  // columns of the mask are not unit-stride
+        const int64_t c = one.col<kPack>(0);
+        const int n = live ? inside<kPack>(c, bound) : 0;
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) mv[i] = i < n ? static_cast<C>(to_compute(m[(c + i) * mask_col_stride])) : C(0);
+      }
 #pragma unroll
       for (int i = 0; i < kPack; ++i) {
         C& x = v[j * kPack + i];
         if (sizeof(M) == 1) {
-          if (!to_compute(mv[j][i])) x = neg_inf<C>();  // boolean: True keeps
+          if (mv[i] == C(0)) x = neg_inf<C>();  // boolean: True keeps
         } else {
-          x += static_cast<C>(to_compute(mv[j][i]));    // additive
+          x += mv[i];                           // additive
         }
       }
     }
@@ -199,12 +203,9 @@ template <typename T, bool kMasked> struct ForwardOp {
   template <int kPack, int kPacks>
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v) const {
     const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
-    T raw[kPacks][kPack];
-    load_span<T, kPack, kPacks>(w.x, s, bound, live, raw);
+    load_span<C, T, kPack, kPacks>(w.x, s, bound, live, v);
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j)
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[j][i])) * scale;
+    for (int k = 0; k < kPack * kPacks; ++k) v[k] *= scale;
     if (kMasked && mask) {
       switch (mask_dtype) {
         case SOFTMAX_BOOL: apply_mask<uint8_t, kPack, kPacks>(w, s, bound, live, v); break;
@@ -300,14 +301,11 @@ template <typename T> struct BackwardOp {
 
   template <int kPack, int kPacks>
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, Item* v) const {
-    T a[kPacks][kPack], b[kPacks][kPack];
-    load_span<T, kPack, kPacks>(w.y, s, s.end, live, a);
-    load_span<T, kPack, kPacks>(w.dy, s, s.end, live, b);
+    C a[kPacks * kPack], b[kPacks * kPack];
+    load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a);
+    load_span<C, T, kPack, kPacks>(w.dy, s, s.end, live, b);
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j)
-#pragma unroll
-      for (int i = 0; i < kPack; ++i)  // pads are (0, 0): they add nothing to the dot product
-        v[j * kPack + i] = {static_cast<C>(to_compute(a[j][i])), static_cast<C>(to_compute(b[j][i]))};
+    for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
   }
 
   template <int kPack, int kPacks>

@@ -64,6 +64,22 @@ def bench(args):
     return 0
 
 
+def plot(args):
+    import json
+
+    from . import _bench
+
+    with open(args.report) as f:
+        report = json.load(f)
+    try:
+        _bench.plot(report, args.out)
+    except ImportError:
+        print("plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 1
+    print(f"plot written to {args.out}")
+    return 0
+
+
 def gate(args):
     if not _gpu_or_exit("gate"):
         return 2
@@ -91,6 +107,10 @@ def main(argv=None):
     b.add_argument("--json", help="write every measurement to this JSON file")
     b.add_argument("--plot", help="draw GB/s against row length per algorithm into this PNG (needs matplotlib)")
     b.set_defaults(fn=bench)
+    p = sub.add_parser("plot", help="draw a saved `bench --json` report (no GPU needed)")
+    p.add_argument("report")
+    p.add_argument("out")
+    p.set_defaults(fn=plot)
     g = sub.add_parser("gate", help="benchmark regression gate against this GPU's stored baseline")
     g.add_argument("--save", action="store_true", help="run the suite and (re)write this GPU's baseline")
     g.add_argument("--baseline", help="baseline file (default benchmarks/baselines/<gpu>.json)")
