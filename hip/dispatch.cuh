@@ -34,7 +34,7 @@ template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
   return pack > 1 ? tiny_rows_for<Op, 16 / sizeof(typename Op::Storage)>() : tiny_rows_for<Op, 1>();
 }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
-// rows_block above that: one row per block, up to block_max_threads<Op>() x max_items values.
+// rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
 // The block's thread count aims at kBlockTargetThreads so that several rows share an SM, which
 // hides each row's reductions behind the loads of the others.
 constexpr int kBlockTargetThreads = 256;
@@ -106,7 +106,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
                Plan* out) {
   using T = typename Op::Storage;
   const int tiny_rows = tiny_rows_for_pack<Op>(pack);
-  constexpr int kBlockMax = block_max_threads<Op>();
+  constexpr int kBlockMax = Op::kBlockMaxThreads;
   const int unroll = pack > 1 ? stream_unroll<Op, 16 / sizeof(T)>() : stream_unroll<Op, 1>();
   Plan p;
   p.pack = pack;

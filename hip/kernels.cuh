@@ -25,19 +25,13 @@
 #include "primitives.cuh"
 #include "softmax.h"
 
-// Block sizes and register caps of the families. A memory-bound kernel lives on the bytes it has
-// in flight per SM: each operation names the registers per thread it may use (kRegisterCap) and
-// the launch bounds below turn that into resident threads. 64K registers per SM on NVIDIA; on
-// AMD the second bound counts waves per EU, and the same numbers give a comparable cap.
-constexpr int kRegistersPerSm = 65536;
+// Block sizes and register budgets of the families. A memory-bound kernel lives on the bytes it
+// has in flight per SM; each operation states, per family, how many blocks must fit on an SM
+// (rows_warp, rows_stream: a register cap of 64K / (threads x blocks)) and how wide a rows_block
+// may be (64K / threads registers each). On AMD the second launch bound counts waves per EU,
+// which caps registers comparably.
 constexpr int kWarpFamilyThreads = 128;
 constexpr int kStreamThreads = 512;
-template <typename Op> constexpr int min_blocks(int threads) {
-  return kRegistersPerSm / (threads * Op::kRegisterCap) > 0 ? kRegistersPerSm / (threads * Op::kRegisterCap) : 1;
-}
-template <typename Op> constexpr int block_max_threads() {
-  return kRegistersPerSm / Op::kRegisterCap < kMaxBlockThreads ? kRegistersPerSm / Op::kRegisterCap : kMaxBlockThreads;
-}
 
 // Packs per thread per rows_stream step: 32 registers of values in flight (a float64 counts as
 // two), whatever the dtype and the number of arrays read.
@@ -122,9 +116,11 @@ template <typename T, bool kMasked> struct ForwardOp {
   // Arrays read per column, for register budgets: the mask counts as a second one.
   static constexpr int kInputs = kMasked ? 2 : 1;
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
-  // registers for resident threads (H200: a 64-register cap beat an uncapped build by 10-30% on
-  // rows of 512..8192). The masked loader holds mask values too and gets backward's budget.
-  static constexpr int kRegisterCap = kMasked ? 128 : 64;
+  // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
+  // of 512..8192). The masked loader holds mask values too: 128.
+  static constexpr int kWarpMinBlocks = kMasked ? 4 : 8;
+  static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
+  static constexpr int kStreamMinBlocks = kMasked ? 1 : 2;
 
   const T* x;
   T* y;
@@ -279,9 +275,11 @@ template <typename T> struct BackwardOp {
   using Stat = C;
   using Merge = SumOp;
   static constexpr int kInputs = 2;  // y and dy
-  // Two arrays per value already put enough bytes in flight; capping registers made it spill
-  // (measured on the H200: 128 gives 97-101% of copy bandwidth where 64 gave 73-77%).
-  static constexpr int kRegisterCap = 128;
+  // Two arrays per value already put enough bytes in flight; any register cap made it spill
+  // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
+  static constexpr int kWarpMinBlocks = 1;
+  static constexpr int kBlockMaxThreads = 512;
+  static constexpr int kStreamMinBlocks = 1;
 
   const T* y;
   const T* dy;
@@ -364,7 +362,7 @@ template <typename V> struct BlockReduce {
 // shuffle has the whole warp present; rows past the end ride along as dead rows.
 
 template <typename Op, int kPack, int kPacks, int G, int kRows>
-__global__ void __launch_bounds__(kWarpFamilyThreads, min_blocks<Op>(kWarpFamilyThreads)) rows_warp(const Op op, int64_t rows) {
+__global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_warp(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   constexpr int kItems = kPack * kPacks;
   constexpr int kGroups = kWarpSize / G;      // groups per warp
@@ -398,7 +396,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, min_blocks<Op>(kWarpFamily
 // rows_block: one row per block at a time, held in the registers of all its threads.
 
 template <typename Op, int kPack, int kPacks>
-__global__ void __launch_bounds__(block_max_threads<Op>()) rows_block(const Op op, int64_t rows) {
+__global__ void __launch_bounds__(Op::kBlockMaxThreads) rows_block(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   using C = typename Op::C;
   constexpr int kItems = kPack * kPacks;
@@ -423,7 +421,7 @@ __global__ void __launch_bounds__(block_max_threads<Op>()) rows_block(const Op o
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2 };
 
 template <typename Op, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, min_blocks<Op>(kStreamThreads)) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
+__global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
@@ -473,7 +471,7 @@ __global__ void __launch_bounds__(kStreamThreads, min_blocks<Op>(kStreamThreads)
 // each pass reading the row from global memory.
 
 template <typename T, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, min_blocks<ForwardOp<T, false>>(kStreamThreads)) rows_naive(const ForwardOp<T, false> op, int64_t rows) {
+__global__ void __launch_bounds__(kStreamThreads, ForwardOp<T, false>::kStreamMinBlocks) rows_naive(const ForwardOp<T, false> op, int64_t rows) {
   using C = typename Compute<T>::type;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;

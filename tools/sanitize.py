@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 TOOLS = ["memcheck", "racecheck", "synccheck"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main():
@@ -25,7 +26,8 @@ def main():
     failed = []
     for tool in TOOLS:
         cmd = [exe, "--tool", tool, "--error-exitcode", "17", sys.executable, workload]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         out = proc.stdout + proc.stderr
         summary = re.findall(r"ERROR SUMMARY: (\d+) error", out) or re.findall(r"RACECHECK SUMMARY: (\d+) hazard", out)
         errors = int(summary[-1]) if summary else -1
