@@ -54,30 +54,26 @@ def bench(args):
     report = _bench.run(shapes=args.shapes, dtypes=args.dtypes, attention=not args.no_attention,
                         json_path=args.json)
     print(_bench.table(report))
-    if args.plot:
-        try:
-            _bench.plot(report, args.plot)
-        except ImportError:
-            print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-            return 1
-        print(f"plot written to {args.plot}")
+    return _draw(report, args.plot) if args.plot else 0
+
+
+def _draw(report, path):
+    from . import _bench
+
+    try:
+        _bench.plot(report, path)
+    except ImportError:
+        print("plotting needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 1
+    print(f"plot written to {path}")
     return 0
 
 
 def plot(args):
     import json
 
-    from . import _bench
-
     with open(args.report) as f:
-        report = json.load(f)
-    try:
-        _bench.plot(report, args.out)
-    except ImportError:
-        print("plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-        return 1
-    print(f"plot written to {args.out}")
-    return 0
+        return _draw(json.load(f), args.out)
 
 
 def gate(args):

@@ -248,30 +248,35 @@ def table(report):
 
 
 def plot(report, path):
-    """GB/s against row length, one line per algorithm and dtype, with the copy ceiling."""
+    """GB/s against row length for inputs of 64 MiB or more (the launch-bound cases would hide the
+    trend), colour per algorithm, line style per dtype, with the copy ceiling as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colours = {"fused": "tab:blue", "online": "tab:cyan", "naive": "tab:gray", "torch": "tab:red",
+               "cupy": "tab:orange"}
+    styles = {"float32": "-", "float16": "--", "bfloat16": ":", "float64": "-."}
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
     for ax, case in zip(axes, ("fwd", "bwd")):
         lines = {}
         for r in report["results"]:
-            if r["case"] != case or "gbs" not in r:
+            item = 4 if r["dtype"] == "float32" else 8 if r["dtype"] == "float64" else 2
+            if r["case"] != case or "gbs" not in r or math.prod(r["shape"]) * item < 64 << 20:
                 continue
             lines.setdefault((r["algo"], r["dtype"]), []).append((r["shape"][-1], r["gbs"]))
         for (algo, dtype), pts in sorted(lines.items()):
             pts.sort()
-            style = "-" if algo == "fused" else "--" if algo in ("online", "naive") else ":"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=f"{algo} {dtype}")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], styles.get(dtype, "-"), color=colours.get(algo),
+                    marker="o", ms=3, label=f"{algo} {dtype}")
         ax.axhline(report["copy_gbs"], color="k", lw=1)
-        ax.text(32, report["copy_gbs"] * 1.01, f"copy {report['copy_gbs']:.0f} GB/s", fontsize=8)
+        ax.text(32, report["copy_gbs"] * 1.01, f"device copy {report['copy_gbs']:.0f} GB/s", fontsize=8)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("row length (columns)")
-        ax.set_title(f"{'forward' if case == 'fwd' else 'backward'} — {report['device']}")
+        ax.set_xlabel("row length (columns); inputs of 64 MiB or more")
+        ax.set_title(f"{'forward' if case == 'fwd' else 'backward'} softmax, {report['device']}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=7, ncol=3)
     axes[0].set_ylabel("GB/s (fewest bytes moved)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
