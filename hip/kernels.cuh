@@ -470,13 +470,16 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
 // rows_naive: the textbook safe softmax, one block per row: max, then sum of exp, then normalise,
 // each pass reading the row from global memory.
 
+// (HIP's __launch_bounds__ is a macro: a template argument list with a comma cannot appear in it.)
+template <typename T> using PlainForward = ForwardOp<T, false>;
+
 template <typename T, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, ForwardOp<T, false>::kStreamMinBlocks) rows_naive(const ForwardOp<T, false> op, int64_t rows) {
+__global__ void __launch_bounds__(kStreamThreads, PlainForward<T>::kStreamMinBlocks) rows_naive(const PlainForward<T> op, int64_t rows) {
   using C = typename Compute<T>::type;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const typename ForwardOp<T, false>::Row w = op.row(r);
+    const typename PlainForward<T>::Row w = op.row(r);
     C v[kPack];
     C m = neg_inf<C>();
     for (int64_t base = 0; base < op.cols; base += stride) {
@@ -490,7 +493,7 @@ __global__ void __launch_bounds__(kStreamThreads, ForwardOp<T, false>::kStreamMi
 #pragma unroll
       for (int i = 0; i < kPack; ++i) s += exp_sub(v[i], ref);
     }
-    const typename ForwardOp<T, false>::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
+    const typename PlainForward<T>::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
     for (int64_t base = 0; base < op.cols; base += stride) {
       const Span span{base, static_cast<int>(threadIdx.x), 0, op.cols};
       op.template load<kPack, 1>(w, span, true, v);
