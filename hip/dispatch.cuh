@@ -19,9 +19,10 @@ int fail(int code, const char* fmt, ...);
 // ---------------------------------------------------------------------------------------------
 // Thresholds. Lengths are in packs of kPack elements (16 bytes, or 1 element when unaligned).
 //
-// rows_warp, small rows: 2 packs per lane and 2 rows per group, the group as narrow as the row
-// allows. Two rows in flight per thread double the bytes each lane has outstanding, which is what
-// a row of a few dozen elements lacks; narrow groups keep every lane busy on short rows.
+// rows_warp, small rows: 2 packs per lane (4 when element-wise) and several rows per group, the
+// group as narrow as the row allows. Rows in flight per lane multiply the bytes each lane has
+// outstanding, which is what a row of a few dozen elements lacks; narrow groups keep every lane
+// busy on short rows.
 constexpr int kTinyPacksVec = 2;
 constexpr int kTinyPacksScalar = 4;  // scalar packs are 4x narrower: 4 per lane keeps loads in flight
 // Rows per group in the tiny table: as many as keep a lane's values (rows x items x inputs) within

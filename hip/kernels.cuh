@@ -3,9 +3,10 @@
 // An operation is a small struct the families are templated on:
 //   Item                   what one column holds in registers (forward: the logit; backward: y, dy)
 //   row(r)                 per-row pointers and bounds, computed once per row
-//   load<N>(row, c, it)    N consecutive columns from c, already scaled/masked; columns past the
-//                          row end become a neutral pad (forward -inf, backward 0)
-//   store<N>(row, c, it)   the N results from c (only the columns inside the row)
+//   load<kPack, kPacks>(row, span, live, it)   the packs of a Span (below), already scaled and
+//                          masked; columns past the span's end, and dead rows, become a neutral
+//                          pad (forward -inf, backward 0)
+//   store<kPack, kPacks>(row, span, it)        the results (only columns inside the span)
 //   finish<N>(it, reduce)  rows held in registers: turn the items into results, reducing with
 //                          `reduce(value, op)` across the threads that share the row
 //   Stat / accumulate / merge / finalize / apply   the same maths streamed over global memory
@@ -15,7 +16,7 @@
 //
 // Families (one __global__ each):
 //   rows_warp    a group of G <= kMaxGroup lanes holds kRows rows in registers (short rows)
-//   rows_block   a block holds one row in registers (rows up to 1024 threads x kMaxItems)
+//   rows_block   a block holds one row in registers (up to kBlockMaxThreads x max_items)
 //   rows_stream  2 passes over global memory, optionally split across blocks (any length)
 //   rows_naive   3 passes over global memory (the reference algorithm, forward only)
 // Bytes moved: rows_warp/rows_block read each input once and write once; rows_stream reads the
