@@ -84,6 +84,36 @@ def _make(cp, shape, dtype, rng):
     return x.astype(dtype)
 
 
+def _f64(cp, a, rows=256):
+    """The first `rows` rows of a device array as float64 (bfloat16 widened through its bits)."""
+    a = a.reshape(-1, a.shape[-1])[:rows]
+    if a.dtype.name == "bfloat16":
+        a = (a.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+    return a.astype(cp.float64)
+
+
+def _row_error(cp, got, ref, scale):
+    num = cp.sqrt(((got - ref) ** 2).sum(axis=-1))
+    den = cp.sqrt((scale**2).sum(axis=-1))
+    return float(cp.max(cp.where(den > 0, num / cp.where(den > 0, den, 1), num)))
+
+
+def _forward_error(cp, x, y):
+    """Max over sampled rows of ||y - ref|| / ||ref||, ref = softmax(x) in float64."""
+    z = _f64(cp, x)
+    e = cp.exp(z - z.max(axis=-1, keepdims=True))
+    ref = e / e.sum(axis=-1, keepdims=True)
+    return _row_error(cp, _f64(cp, y), ref, ref)
+
+
+def _backward_error(cp, y, dy, dx):
+    """As the tests measure it: error over the size of the terms, ||y * (|dy| + |<y, dy>|)||."""
+    y64, dy64 = _f64(cp, y), _f64(cp, dy)
+    d = (y64 * dy64).sum(axis=-1, keepdims=True)
+    ref = y64 * (dy64 - d)
+    return _row_error(cp, _f64(cp, dx), ref, cp.abs(y64) * (cp.abs(dy64) + cp.abs(d)))
+
+
 def _torch():
     try:
         import torch
@@ -137,7 +167,7 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
             results.append(dict(case=kind, shape=list(shape), dtype=dtype, algo=algo, error=str(e)[:200]))
             return
         results.append(dict(case=kind, shape=list(shape), dtype=dtype, algo=algo, ms=ms, gbs=nbytes / ms / 1e6,
-                            error_vs_f64=check))
+                            error_vs_f64=check() if check else None))
 
     if kind in ("fwd", "fwd+mask+causal", "attn pad", "attn causal"):
         x = _make(cp, shape, dtype, None)
@@ -146,7 +176,7 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
         if kind == "fwd":
             for algo in algos:
                 fn = getattr(pysoftmax, algo)
-                add(algo, lambda fn=fn: fn(x, out=y), nbytes)
+                add(algo, lambda fn=fn: fn(x, out=y), nbytes, check=lambda: _forward_error(cp, x, y))
             if tdt is not None:
                 tx = torch.from_dlpack(x)
                 add("torch", lambda: torch.softmax(tx, -1), nbytes)
@@ -187,8 +217,9 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
         dy = _make(cp, shape, dtype, None)
         dx = cp.empty_like(y)
         nbytes = 3 * size * nbytes_elem
-        add("fused", lambda: pysoftmax.backward(y, dy, out=dx), nbytes)
-        add("naive", lambda: pysoftmax.naive_backward(y, dy, out=dx), nbytes)
+        check = lambda: _backward_error(cp, y, dy, dx)
+        add("fused", lambda: pysoftmax.backward(y, dy, out=dx), nbytes, check)
+        add("naive", lambda: pysoftmax.naive_backward(y, dy, out=dx), nbytes, check)
         if tdt is not None:
             ty, tdy = torch.from_dlpack(y), torch.from_dlpack(dy)
             add("torch", lambda: torch._softmax_backward_data(tdy, ty, -1, tdt), nbytes)
@@ -227,23 +258,27 @@ def run(shapes=None, dtypes=None, attention=True, json_path=None, progress=True,
 
 
 def table(report):
-    """The report as a text table: one line per case, pysoftmax and peers side by side."""
+    """The report as a text table: one line per case, pysoftmax and peers side by side (GB/s),
+    and the largest error of pysoftmax's algorithms against float64 on sampled rows."""
     rows = {}
     for r in report["results"]:
         key = (r["case"], tuple(r["shape"]), r["dtype"])
         rows.setdefault(key, {})[r["algo"]] = r
     lines = [f"device: {report['device']}   copy bandwidth: {report['copy_gbs']:.0f} GB/s",
-             f"{'case':16} {'shape':>22} {'dtype':9} {'fused GB/s':>10} {'%copy':>6} {'online':>7} {'naive':>7} "
-             f"{'torch':>7} {'t.comp':>7} {'cupy':>7} {'vs best peer':>12}"]
+             f"{'case':16} {'shape':>22} {'dtype':9} {'fused ms':>9} {'GB/s':>6} {'%copy':>6} {'online':>7} {'naive':>7} "
+             f"{'torch':>7} {'t.comp':>7} {'cupy':>7} {'vs best peer':>12} {'max err':>8}"]
     for (case, shape, dtype), algos in rows.items():
         g = lambda a: algos.get(a, {}).get("gbs")
         f = g("fused")
         peers = [v for v in (g("torch"), g("torch composed"), g("cupy")) if v]
         cell = lambda v: f"{v:7.0f}" if v else f"{'-':>7}"
-        lines.append(f"{case:16} {'x'.join(map(str, shape)):>22} {dtype:9} {f or 0:10.0f} "
+        errs = [a.get("error_vs_f64") for a in algos.values() if a.get("error_vs_f64") is not None]
+        ms = algos.get("fused", {}).get("ms")
+        lines.append(f"{case:16} {'x'.join(map(str, shape)):>22} {dtype:9} {ms or 0:9.3f} {f or 0:6.0f} "
                      f"{100 * (f or 0) / report['copy_gbs']:6.1f} {cell(g('online'))} {cell(g('naive'))} "
                      f"{cell(g('torch'))} {cell(g('torch composed'))} {cell(g('cupy'))} "
-                     f"{(f / max(peers)) if f and peers else float('nan'):11.2f}x")
+                     f"{(f / max(peers)) if f and peers else float('nan'):11.2f}x "
+                     f"{max(errs) if errs else float('nan'):8.1e}")
     return "\n".join(lines)
 
 
