@@ -25,7 +25,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   DeviceInfo dev;
   int st = device_info(&dev);
   if (st != SOFTMAX_OK) return st;
-  const int pack = vec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
   if (p.algo == SOFTMAX_ALGO_FUSED) {
     if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))

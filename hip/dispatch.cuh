@@ -26,13 +26,14 @@ int fail(int code, const char* fmt, ...);
 constexpr int kTinyPacksVec = 2;
 constexpr int kTinyPacksScalar = 4;  // scalar packs are 4x narrower: 4 per lane keeps loads in flight
 // Rows per group in the tiny table: as many as keep a lane's values (rows x items x inputs) within
-// 32 registers, so that short rows still put several loads in flight per lane.
+// kRowRegisters, so that short rows still put several loads in flight per lane (at most 4).
 template <typename Op, int kPack> constexpr int tiny_rows_for() {
   constexpr int items = kPack * (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) * Op::kInputs;
-  return items >= 32 ? 1 : 32 / items > 4 ? 4 : 32 / items;
+  constexpr int rows = kRowRegisters / items;
+  return rows < 1 ? 1 : rows > 4 ? 4 : rows;
 }
 template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
-  return pack > 1 ? tiny_rows_for<Op, 16 / sizeof(typename Op::Storage)>() : tiny_rows_for<Op, 1>();
+  return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>() : tiny_rows_for<Op, 1>();
 }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
@@ -99,7 +100,7 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
   return 0;
 }
 
-// The plan for rows of `cols` elements of T, packs of `pack` (16 bytes / sizeof(T), or 1).
+// The plan for rows of `cols` elements of T, packs of `pack` (vec_pack<T>(), or 1).
 // `family` forces a family (SOFTMAX_FAMILY_AUTO lets the length decide); returns false when a
 // forced register family cannot hold the row.
 template <typename Op>
@@ -108,7 +109,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   using T = typename Op::Storage;
   const int tiny_rows = tiny_rows_for_pack<Op>(pack);
   constexpr int kBlockMax = Op::kBlockMaxThreads;
-  const int unroll = pack > 1 ? stream_unroll<Op, 16 / sizeof(T)>() : stream_unroll<Op, 1>();
+  const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
   Plan p;
   p.pack = pack;
   const int64_t packs = ceil_div(cols, pack);
@@ -258,7 +259,7 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
 template <typename Op>
 int launch_plan(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* ws) {
   using T = typename Op::Storage;
-  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kVec = vec_pack<T>();
   auto* stats = static_cast<typename Op::Stat*>(ws);
   return p.pack == kVec ? launch_with_pack<Op, kVec>(op, rows, p, s, stats)
                         : launch_with_pack<Op, 1>(op, rows, p, s, stats);
@@ -271,7 +272,7 @@ inline bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<ui
 
 // Whether rows of T at `ptr` with `stride` elements between rows can be read in 16-byte packs.
 template <typename T> bool vector_rows(const void* ptr, int64_t stride) {
-  return aligned(ptr, 16) && (stride * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  return aligned(ptr, kPackBytes) && (stride * static_cast<int64_t>(sizeof(T))) % kPackBytes == 0;
 }
 
 // Common checks of a problem; direction-specific ones stay with the direction.

@@ -24,7 +24,7 @@ int mask_elem_bytes(int dtype) {
 // Fills the operation from the problem, checking what only the forward direction has.
 template <typename T, bool kMasked> int make_op(const softmax_problem_t& p, ForwardOp<T, kMasked>* op, bool* vec) {
   using C = typename Compute<T>::type;
-  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kVec = vec_pack<T>();
   *op = ForwardOp<T, kMasked>{};
   op->x = static_cast<const T*>(p.x);
   op->y = static_cast<T*>(p.out);
@@ -76,7 +76,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   if (st != SOFTMAX_OK) return st;
   DeviceInfo dev;
   if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
-  const int pack = vec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
@@ -105,7 +105,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     } else {
     const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
     if (pack > 1)
-      rows_naive<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(op, p.rows);
+      rows_naive<T, vec_pack<T>()><<<grid, block, 0, stream>>>(op, p.rows);
     else
       rows_naive<T, 1><<<grid, block, 0, stream>>>(op, p.rows);
     return launch_status("rows_naive");

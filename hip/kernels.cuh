@@ -34,18 +34,24 @@
 constexpr int kWarpFamilyThreads = 128;
 constexpr int kStreamThreads = 512;
 
-// Packs per thread per rows_stream step: 32 registers of values in flight (a float64 counts as
+// Bytes of one vector pack (the widest aligned access), and the register budget for a thread's
+// share of a row: 32 widened values. Every per-thread count below derives from these two.
+constexpr int kPackBytes = 16;
+constexpr int kRowRegisters = 32;
+template <typename T> constexpr int vec_pack() { return kPackBytes / static_cast<int>(sizeof(T)); }
+
+// Packs per thread per rows_stream step: kRowRegisters registers of values in flight (a float64 counts as
 // two), whatever the dtype and the number of arrays read.
 template <typename Op, int kPack> constexpr int stream_unroll() {
-  constexpr int n = 32 / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
+  constexpr int n = kRowRegisters / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
   return n < 1 ? 1 : n > 16 ? 16 : n;  // element-wise (scalar) packs: 16 loads per step suffice
 }
 
 // Most values one thread keeps in registers for a row (a 4-byte or 2-byte element widens to one
 // float register, float64 to two).
-template <typename T> constexpr int max_items() { return sizeof(T) == 8 ? 16 : 32; }
+template <typename T> constexpr int max_items() { return sizeof(T) == 8 ? kRowRegisters / 2 : kRowRegisters; }
 // Unaligned rows load element by element; more than 16 scalar packs per lane spill registers.
-template <typename T> constexpr int max_scalar_items() { return sizeof(T) == 8 ? 8 : 16; }
+template <typename T> constexpr int max_scalar_items() { return max_items<T>() / 2; }
 
 // The packs one thread walks in one step: pack j starts at column base + (j * width + lane) * kPack,
 // so consecutive threads touch consecutive memory (coalesced). Columns at or past `end` (the row's
