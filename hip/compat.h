@@ -7,6 +7,15 @@
 //               32 on RDNA (wave32) and NVIDIA. Host code never uses it: one AMD fat binary may
 //               hold wave64 and wave32 targets, so the host asks the device (warpSize) instead.
 //   warp_shfl_xor(v, lane_mask, width)   butterfly exchange inside groups of `width` lanes.
+//   bf16_round(v)           float to bfloat16 bits, round to nearest even, NaN kept NaN: one
+//               instruction where the hardware has it (sm_80+), the bit arithmetic elsewhere.
+//   store_16(gmem, value)   one 16-byte store to global memory that the compiler cannot split.
+//   copy_async_16(smem, gmem) / copy_async_wait() / copy_async_reuse_fence()
+//               a 16-byte copy from global to shared memory that runs while the thread goes on
+//               (cp.async, sm_80+), the wait for all of the thread's copies, and the fence that
+//               orders the thread's reads of a slot before a new copy into it. Where there is no
+//               such copy (AMD, older NVIDIA) the copy is a plain load and store, and the wait and
+//               fence do nothing: the same code is correct, only without the overlap.
 #pragma once
 
 #include <stdint.h>
@@ -38,6 +47,9 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipGetDeviceCount cudaGetDeviceCount
 #define hipRuntimeGetVersion cudaRuntimeGetVersion
 #define hipDriverGetVersion cudaDriverGetVersion
+#define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif
 
 #if defined(SOFTMAX_PLATFORM_AMD)
@@ -59,6 +71,52 @@ __device__ __forceinline__ V warp_shfl_xor(V v, int lane_mask, int width) {
   // around a reduction), so the participation mask is the full warp.
   return __shfl_xor_sync(~0u, v, lane_mask, width);
 }
+#endif
+
+__device__ __forceinline__ uint16_t bf16_round(float v) {
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+  return r;
+#else
+  uint32_t u = __float_as_uint(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(u >> 16);
+#endif
+}
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__)
+// nvcc merges a row's whole-pack stores with the element-wise stores of its tail path (they store
+// the same values) into predicated 2- or 4-byte stores: measured on the H200, 3x the L2 write
+// sectors and half the bandwidth. An asm store is opaque, so the two paths stay apart.
+__device__ __forceinline__ void store_16(void* gmem, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+#else
+__device__ __forceinline__ void store_16(void* gmem, uint4 v) { *static_cast<uint4*>(gmem) = v; }
+#endif
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+  // .cg: the data is used once, from shared memory, so it skips L1.
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+// cp.async is a weak, unordered write: without this a new copy could land in a slot before the
+// thread's earlier read of it was performed. __syncwarp orders the warp's memory accesses.
+__device__ __forceinline__ void copy_async_reuse_fence() { __syncwarp(); }
+#else
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+}
+__device__ __forceinline__ void copy_async_wait() {}
+__device__ __forceinline__ void copy_async_reuse_fence() {}
 #endif
 
 // The widest group size (threads sharing one row) that every supported warp width can hold.

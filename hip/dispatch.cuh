@@ -30,15 +30,21 @@ constexpr int kTinyPacksScalar = 4;  // scalar packs are 4x narrower: 4 per lane
 template <typename Op, int kPack> constexpr int tiny_rows_for() {
   constexpr int items = kPack * (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) * Op::kInputs;
   constexpr int rows = kRowRegisters / items;
-  return rows < 1 ? 1 : rows > 4 ? 4 : rows;
+  return rows < 1 ? 1 : rows > 2 ? 2 : rows;
 }
 template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
   return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>() : tiny_rows_for<Op, 1>();
 }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
-// The block's thread count aims at kBlockTargetThreads so that several rows share an SM, which
-// hides each row's reductions behind the loads of the others.
+// Vector rows: kBlockThreadPacks packs (64 bytes) per thread, in blocks of kBlockMinThreads to
+// kBlockMaxAutoThreads threads; longer rows take more packs per thread, then more threads (H200,
+// staged rows of 2048-32768: 64 bytes a thread beat 32 or 128 by 2-25% in every dtype, and
+// blocks past 512 threads only pay off once a thread holds its most). Element-wise rows aim at
+// kBlockTargetThreads threads.
+constexpr int kBlockThreadPacks = 4;
+constexpr int kBlockMinThreads = 128;
+constexpr int kBlockMaxAutoThreads = 512;
 constexpr int kBlockTargetThreads = 256;
 // rows_stream: rows are split into chunks when there are fewer rows than resident blocks
 // (2048 / threads per SM): otherwise SMs sit idle while a few blocks walk very long rows.
@@ -54,7 +60,11 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
+  int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
 };
+
+// Static shared memory of the families (the reduction scratch), left out of a block's stage.
+constexpr int kStaticSharedBytes = kMaxWarpsPerBlock * 16;
 
 inline int device_info(DeviceInfo* out) {
   constexpr int kMaxDevices = 64;
@@ -69,6 +79,11 @@ inline int device_info(DeviceInfo* out) {
   DeviceInfo info;
   e = hipDeviceGetAttribute(&info.sms, hipDeviceAttributeMultiprocessorCount, dev);
   if (e == hipSuccess) e = hipDeviceGetAttribute(&info.warp, hipDeviceAttributeWarpSize, dev);
+  if (e == hipSuccess && kAsyncCopy) {
+    int optin = 0;
+    e = hipDeviceGetAttribute(&optin, hipDeviceAttributeSharedMemPerBlockOptin, dev);
+    info.stage_bytes = optin - kStaticSharedBytes;
+  }
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
   *out = info;
@@ -82,6 +97,7 @@ struct Plan {
   int family = SOFTMAX_FAMILY_STREAM;  // or SOFTMAX_FAMILY_WARP / _BLOCK, or kNaiveFamily
   int pack = 1, packs = 1, group = 1, rows_per_group = 1, threads = 0;
   int64_t blocks = 0, chunks = 1, chunk_cols = 0;
+  int64_t stage = 0;  // dynamic shared memory per block, bytes (rows_warp / rows_block stages)
 };
 constexpr int kNaiveFamily = 100;
 
@@ -133,11 +149,28 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMax} * max_packs) {
     p.family = SOFTMAX_FAMILY_BLOCK;
     const int lo = pack > 1 ? 2 : 8;  // the smallest per-thread load worth a block
-    p.packs = fit_pow2(packs, threads > 0 ? threads : kBlockTargetThreads, lo, max_packs);
+    if (threads > 0 || pack == 1) {
+      // A requested block size (tests, tools/tune.py) is capped like the automatic one, so the
+      // packs per thread are chosen for the block that is actually launched.
+      p.packs = fit_pow2(packs, threads > 0 ? std::min(threads, kBlockMax) : kBlockTargetThreads, lo, max_packs);
+    } else {
+      const int64_t want = ceil_div(packs, kBlockThreadPacks);
+      p.packs = want < kBlockMinThreads   ? fit_pow2(packs, kBlockMinThreads, lo, max_packs)
+                : want > kBlockMaxAutoThreads ? fit_pow2(packs, kBlockMaxAutoThreads, lo, max_packs)
+                                        : std::min(kBlockThreadPacks, max_packs);
+    }
     if (!p.packs) p.packs = max_packs;
     p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kBlockMax));
     p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
-  } else if (auto_family || family == SOFTMAX_FAMILY_STREAM) {
+  }
+  if (p.family == SOFTMAX_FAMILY_WARP || p.family == SOFTMAX_FAMILY_BLOCK) {
+    p.stage = pack > 1 && kAsyncCopy ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes : 0;
+    if (p.stage <= dev.stage_bytes || p.stage == 0) return *out = p, true;
+    if (!auto_family) return false;  // a GPU with less shared memory than the stage: stream instead
+    p = Plan{};
+    p.pack = pack;
+  }
+  if (auto_family || family == SOFTMAX_FAMILY_STREAM) {
     p.family = SOFTMAX_FAMILY_STREAM;
     p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, unroll), dev.warp),
                                                    threads > 0 ? std::min(threads, kStreamThreads) : kStreamThreads));
@@ -148,6 +181,8 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.chunk_cols = round_up(ceil_div(cols, want), step);
     p.chunks = ceil_div(cols, p.chunk_cols);
     p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+    p.stage = pack > 1 && kAsyncCopy ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
+    if (p.stage > dev.stage_bytes) return false;  // the stream's stage is at most 64 KiB
   } else {
     return false;
   }
@@ -189,25 +224,38 @@ inline int launch_status(const char* family) {
   return SOFTMAX_OK;
 }
 
+// Launches `kernel` with the plan's stage as dynamic shared memory; above the 48 KiB every
+// kernel may take, the kernel must first be allowed the larger amount.
+template <typename... Args>
+int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream_t s, Args... args) {
+  constexpr int64_t kDefaultShared = 48 << 10;  // static and dynamic together
+  if (p.stage + kStaticSharedBytes > kDefaultShared) {
+    const hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                             hipFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.stage));
+    if (e != hipSuccess)
+      return fail(SOFTMAX_ERROR_RUNTIME, "%s: %lld bytes of shared memory: %s", family,
+                  static_cast<long long>(p.stage), hipGetErrorString(e));
+  }
+  kernel<<<dim3(static_cast<unsigned>(p.blocks)), dim3(p.threads), static_cast<size_t>(p.stage), s>>>(args...);
+  return launch_status(family);
+}
+
 template <typename Op, int kPack, int kPacks, int kRows>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
-  const dim3 grid(static_cast<unsigned>(p.blocks)), block(p.threads);
   if constexpr (kPacks > (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) {  // medium table: full groups only
     if (p.group != kMaxGroup) return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: medium rows use full groups");
-    rows_warp<Op, kPack, kPacks, kMaxGroup, kRows><<<grid, block, 0, s>>>(op, rows);
-    return launch_status("rows_warp");
+    return launch(rows_warp<Op, kPack, kPacks, kMaxGroup, kRows>, "rows_warp", p, s, op, rows);
   } else {
-  switch (p.group) {
-    case 1: rows_warp<Op, kPack, kPacks, 1, kRows><<<grid, block, 0, s>>>(op, rows); break;
-    case 2: rows_warp<Op, kPack, kPacks, 2, kRows><<<grid, block, 0, s>>>(op, rows); break;
-    case 4: rows_warp<Op, kPack, kPacks, 4, kRows><<<grid, block, 0, s>>>(op, rows); break;
-    case 8: rows_warp<Op, kPack, kPacks, 8, kRows><<<grid, block, 0, s>>>(op, rows); break;
-    case 16: rows_warp<Op, kPack, kPacks, 16, kRows><<<grid, block, 0, s>>>(op, rows); break;
-    case 32: rows_warp<Op, kPack, kPacks, 32, kRows><<<grid, block, 0, s>>>(op, rows); break;
-    default: return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes", p.group);
-  }
-  static_assert(kMaxGroup == 32, "the cases above list the group widths up to kMaxGroup");
-  return launch_status("rows_warp");
+    static_assert(kMaxGroup == 32, "the cases below list the group widths up to kMaxGroup");
+    switch (p.group) {
+      case 1: return launch(rows_warp<Op, kPack, kPacks, 1, kRows>, "rows_warp", p, s, op, rows);
+      case 2: return launch(rows_warp<Op, kPack, kPacks, 2, kRows>, "rows_warp", p, s, op, rows);
+      case 4: return launch(rows_warp<Op, kPack, kPacks, 4, kRows>, "rows_warp", p, s, op, rows);
+      case 8: return launch(rows_warp<Op, kPack, kPacks, 8, kRows>, "rows_warp", p, s, op, rows);
+      case 16: return launch(rows_warp<Op, kPack, kPacks, 16, kRows>, "rows_warp", p, s, op, rows);
+      case 32: return launch(rows_warp<Op, kPack, kPacks, 32, kRows>, "rows_warp", p, s, op, rows);
+      default: return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes", p.group);
+    }
   }
 }
 
@@ -228,7 +276,6 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
   using T = typename Op::Storage;
   constexpr int kMaxPacks = (kPack > 1 ? max_items<T>() : max_scalar_items<T>()) / kPack;
   constexpr int kTiny = kPack > 1 ? kTinyPacksVec : kTinyPacksScalar;
-  const dim3 grid(static_cast<unsigned>(p.blocks)), block(p.threads);
   switch (p.family) {
     case SOFTMAX_FAMILY_WARP:
       if (p.packs == kTiny) return launch_warp_group<Op, kPack, kTiny, tiny_rows_for<Op, kPack>()>(op, rows, p, s);
@@ -237,20 +284,17 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
       });
     case SOFTMAX_FAMILY_BLOCK:
       return by_packs<Op, kPack, (kPack > 1 ? 2 : 8), kMaxPacks>(p.packs, [&](auto k) {
-        rows_block<Op, kPack, decltype(k)::value><<<grid, block, 0, s>>>(op, rows);
-        return launch_status("rows_block");
+        return launch(rows_block<Op, kPack, decltype(k)::value>, "rows_block", p, s, op, rows);
       });
     case SOFTMAX_FAMILY_STREAM:
-      if (p.chunks == 1) {
-        rows_stream<Op, kPack><<<grid, block, 0, s>>>(op, rows, 1, p.chunk_cols, kStreamWhole, ws);
-        return launch_status("rows_stream");
-      } else {
-        rows_stream<Op, kPack><<<grid, block, 0, s>>>(op, rows, p.chunks, p.chunk_cols, kStreamStats, ws);
-        const int st = launch_status("rows_stream (statistics)");
-        if (st != SOFTMAX_OK) return st;
-        rows_stream<Op, kPack><<<grid, block, 0, s>>>(op, rows, p.chunks, p.chunk_cols, kStreamApply, ws);
-        return launch_status("rows_stream (apply)");
-      }
+      if (p.chunks == 1)
+        return launch(rows_stream<Op, kPack>, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols,
+                      int{kStreamWhole}, ws);
+      if (int st = launch(rows_stream<Op, kPack>, "rows_stream (statistics)", p, s, op, rows, p.chunks, p.chunk_cols,
+                          int{kStreamStats}, ws))
+        return st;
+      return launch(rows_stream<Op, kPack>, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols,
+                    int{kStreamApply}, ws);
     default:
       return fail(SOFTMAX_ERROR_INTERNAL, "family %d has no launcher here", p.family);
   }

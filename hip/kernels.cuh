@@ -65,6 +65,25 @@ struct Span {
   }
 };
 
+// A thread's slots in shared memory for packs copied ahead of use (rows_warp, rows_block): slot j
+// of thread t is the 16 bytes at (first + j) * threads + t, so a warp's slots are consecutive
+// (no bank conflicts) and no thread ever touches another's, which is why a copy needs only the
+// copying thread's wait and no block barrier.
+struct Stage {
+  uint4* base;  // null: nothing staged, loads read global memory
+  int t, threads, first;
+  __device__ __forceinline__ void* slot(int j) const { return base + (static_cast<int64_t>(first + j) * threads + t); }
+  __device__ __forceinline__ Stage at(int first_slot) const { return {base, t, threads, first + first_slot}; }
+};
+
+// Staging is a win only where the copy runs while the thread computes (compat.h: kAsyncCopy).
+// Without it the families load global memory directly, as the staged path would, synchronously.
+#if defined(SOFTMAX_PLATFORM_NVIDIA)
+constexpr bool kAsyncCopy = true;
+#else
+constexpr bool kAsyncCopy = false;
+#endif
+
 // How many of the kPack columns from c lie below `bound` (0..kPack), as a small int so that the
 // per-element test is one 32-bit compare.
 template <int kPack> __device__ __forceinline__ int inside(int64_t c, int64_t bound) {
@@ -76,21 +95,36 @@ template <int kPack> __device__ __forceinline__ int inside(int64_t c, int64_t bo
 // v[j * kPack + i]. Each pack is converted as soon as it is read, so only one pack of raw values
 // is live at a time; the loads themselves carry no dependency and are all issued up front. A pack
 // outside [0, bound) is not read and gives C(0) (callers overwrite it with their pad).
+// With a stage, whole packs come from its slots, where prefetch_span (same span, bound and
+// liveness) copied them; partial packs are read from global memory here.
 template <typename C, typename T, int kPack, int kPacks>
-__device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v) {
+__device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v,
+                                          const Stage* st = nullptr) {
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int64_t c = s.col<kPack>(j);
     const int n = live ? inside<kPack>(c, bound) : 0;
     T raw[kPack];
     if (n == kPack && kPack > 1) {
-      load_pack<T, kPack>(row + c, raw);
+      load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : row + c, raw);
     } else {
 #pragma unroll
       for (int i = 0; i < kPack; ++i) raw[i] = i < n ? row[c + i] : T();
     }
 #pragma unroll
     for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
+  }
+}
+
+// Starts copying the whole packs that load_span would read into the stage's slots.
+template <typename T, int kPack, int kPacks>
+__device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
+  if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int64_t c = s.col<kPack>(j);
+      if (live && inside<kPack>(c, bound) == kPack) copy_async_16(st.slot(j), row + c);
+    }
   }
 }
 
@@ -122,10 +156,11 @@ template <typename T, bool kMasked> struct ForwardOp {
   using Merge = MergeMaxSum;
   // Arrays read per column, for register budgets: the mask counts as a second one.
   static constexpr int kInputs = kMasked ? 2 : 1;
+  static constexpr int kStaged = 1;  // packs staged per pack of the row: x (the mask is not staged)
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
   // of 512..8192). The masked loader holds mask values too: 128.
-  static constexpr int kWarpMinBlocks = kMasked ? 4 : 8;
+  static constexpr int kWarpMinBlocks = kMasked ? 4 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   static constexpr int kStreamMinBlocks = kMasked ? 1 : 2;
 
@@ -204,9 +239,14 @@ template <typename T, bool kMasked> struct ForwardOp {
   // The span's values, scaled and masked; pads (-inf) past the causal limit, the span's end, and
   // for dead rows. Columns past the causal limit are never read.
   template <int kPack, int kPacks>
-  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v) const {
+  __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
+    prefetch_span<T, kPack, kPacks>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);
+  }
+
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
-    load_span<C, T, kPack, kPacks>(w.x, s, bound, live, v);
+    load_span<C, T, kPack, kPacks>(w.x, s, bound, live, v, st);
 #pragma unroll
     for (int k = 0; k < kPack * kPacks; ++k) v[k] *= scale;
     if (kMasked && mask) {
@@ -282,6 +322,7 @@ template <typename T> struct BackwardOp {
   using Stat = C;
   using Merge = SumOp;
   static constexpr int kInputs = 2;  // y and dy
+  static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
   // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
   static constexpr int kWarpMinBlocks = 1;
@@ -305,10 +346,17 @@ template <typename T> struct BackwardOp {
   }
 
   template <int kPack, int kPacks>
-  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, Item* v) const {
+  __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
+    prefetch_span<T, kPack, kPacks>(w.y, s, s.end, live, st);
+    prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
+  }
+
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, Item* v, const Stage* st = nullptr) const {
     C a[kPacks * kPack], b[kPacks * kPack];
-    load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a);
-    load_span<C, T, kPack, kPacks>(w.dy, s, s.end, live, b);
+    const Stage dy_st = st ? st->at(kPacks) : Stage{};
+    load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a, st);
+    load_span<C, T, kPack, kPacks>(w.dy, s, s.end, live, b, st ? &dy_st : nullptr);
 #pragma unroll
     for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
   }
@@ -364,6 +412,23 @@ template <typename V> struct BlockReduce {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Rows in registers, staged: while a thread reduces and stores its current rows, the copies of
+// its next rows are already in flight into its stage slots (stage_slots() per thread, dynamic
+// shared memory). A row's bytes in flight then no longer end where its arithmetic begins, and
+// the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy.
+
+template <typename Op, int kPack, int kPacks, int kRows>
+constexpr int stage_slots() {
+  return kAsyncCopy && kPack > 1 ? kRows * kPacks * Op::kStaged : 0;
+}
+
+// The thread's stage (or an empty one), in the block's dynamic shared memory.
+template <int kSlots> __device__ __forceinline__ Stage thread_stage() {
+  extern __shared__ uint4 stage_memory[];
+  return {kSlots ? stage_memory : nullptr, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), 0};
+}
+
+// ---------------------------------------------------------------------------------------------
 // rows_warp: groups of G lanes, each group kRows rows at a time, kPacks packs of kPack per lane.
 // The loop bound is the warp's first row, so all lanes of a warp run the same trips and every
 // shuffle has the whole warp present; rows past the end ride along as dead rows.
@@ -378,14 +443,30 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  constexpr int kSlots = stage_slots<Op, kPack, kPacks, kRows>();
+  const Stage stage = thread_stage<kSlots>();
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.
-  for (int64_t base = warp * kWarpRows; base < rows; base += warps * kWarpRows) {
-    Item v[kRows][kItems];
+  auto prefetch = [&](int64_t base) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      op.template load<kPack, kPacks>(op.row(r < rows ? r : 0), span, r < rows, v[k]);
+      op.template prefetch<kPack, kPacks>(op.row(r < rows ? r : 0), span, r < rows, stage.at(k * kPacks * Op::kStaged));
+    }
+  };
+  if (kSlots) prefetch(warp * kWarpRows);
+  for (int64_t base = warp * kWarpRows; base < rows; base += warps * kWarpRows) {
+    Item v[kRows][kItems];
+    if (kSlots) copy_async_wait();
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t r = base + k * kGroups + group;
+      const Stage st = stage.at(k * kPacks * Op::kStaged);
+      op.template load<kPack, kPacks>(op.row(r < rows ? r : 0), span, r < rows, v[k], kSlots ? &st : nullptr);
+    }
+    if (kSlots) {
+      copy_async_reuse_fence();
+      if (base + warps * kWarpRows < rows) prefetch(base + warps * kWarpRows);
     }
 #pragma unroll
     for (int k = 0; k < kRows; ++k) op.template finish<kItems>(v[k], GroupReduce<G>());
@@ -409,9 +490,17 @@ __global__ void __launch_bounds__(Op::kBlockMaxThreads) rows_block(const Op op, 
   constexpr int kItems = kPack * kPacks;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const Span span{0, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols};
+  constexpr int kSlots = stage_slots<Op, kPack, kPacks, 1>();
+  const Stage stage = thread_stage<kSlots>();
+  if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(op.row(blockIdx.x), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Item v[kItems];
-    op.template load<kPack, kPacks>(op.row(r), span, true, v);
+    if (kSlots) copy_async_wait();
+    op.template load<kPack, kPacks>(op.row(r), span, true, v, kSlots ? &stage : nullptr);
+    if (kSlots) {
+      copy_async_reuse_fence();
+      if (r + gridDim.x < rows) op.template prefetch<kPack, kPacks>(op.row(r + gridDim.x), span, true, stage);
+    }
     op.template finish<kItems>(v, BlockReduce<C>{scratch});
     op.template store<kPack, kPacks>(op.row(r), span, v);
   }
@@ -437,6 +526,26 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   __shared__ Stat scratch[kMaxWarpsPerBlock];
   const int64_t nblocks = rows * chunks;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
+  constexpr int kSlots = stage_slots<Op, kPack, kUnroll, 1>();
+  const Stage stage = thread_stage<kSlots>();
+  // One pass over [begin, end) of row w: use(span, items) per step, with the next step's copies
+  // in flight (when staged) while this step is reduced or written.
+  auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, auto&& use) {
+    auto span_at = [&](int64_t base) {
+      return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
+    };
+    if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin), true, stage);
+    for (int64_t base = begin; base < end; base += stride) {
+      Item v[kStep];
+      if (kSlots) copy_async_wait();
+      op.template load<kPack, kUnroll>(w, span_at(base), true, v, kSlots ? &stage : nullptr);
+      if (kSlots) {
+        copy_async_reuse_fence();
+        if (base + stride < end) op.template prefetch<kPack, kUnroll>(w, span_at(base + stride), true, stage);
+      }
+      use(span_at(base), v);
+    }
+  };
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
     const int64_t r = id / chunks, chunk = id % chunks;
@@ -446,12 +555,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     typename Op::Final fin;
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
-      for (int64_t base = begin; base < end; base += stride) {
-        Item v[kStep];
-        op.template load<kPack, kUnroll>(w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end},
-                                          true, v);
-        op.template accumulate<kStep>(st, v);
-      }
+      pass(w, begin, end, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
       st = block_all_reduce(st, typename Op::Merge(), scratch);
       if (phase == kStreamStats) {
         if (threadIdx.x == 0) ws[id] = st;
@@ -463,13 +567,10 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = typename Op::Merge()(st, ws[r * chunks + k]);
       fin = Op::finalize(block_all_reduce(st, typename Op::Merge(), scratch));
     }
-    for (int64_t base = begin; base < end; base += stride) {
-      const Span span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
-      Item v[kStep];
-      op.template load<kPack, kUnroll>(w, span, true, v);
+    pass(w, begin, end, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       op.template store<kPack, kUnroll>(w, span, v);
-    }
+    });
   }
 }
 

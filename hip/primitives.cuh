@@ -36,17 +36,7 @@ template <> __device__ __forceinline__ float from_compute<float>(float v) { retu
 template <> __device__ __forceinline__ __half from_compute<__half>(float v) {
   return __float2half_rn(v);
 }
-template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) {
-  uint32_t u = __float_as_uint(v);
-  bf16_t r;
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    r.bits = static_cast<uint16_t>((u >> 16) | 0x0040u);  // keep NaN a (quiet) NaN
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-    r.bits = static_cast<uint16_t>(u >> 16);
-  }
-  return r;
-}
+template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) { return {bf16_round(v)}; }
 template <typename T> __device__ __forceinline__ T from_compute(double v);
 template <> __device__ __forceinline__ double from_compute<double>(double v) { return v; }
 
@@ -80,10 +70,17 @@ __device__ __forceinline__ void load_pack(const T* p, T (&dst)[N]) {
 
 template <typename T, int N>
 __device__ __forceinline__ void store_pack(T* p, const T (&src)[N]) {
-  Pack<T, N> pk;
+  union {
+    Pack<T, N> pk;
+    uint4 bits;
+  } u;
 #pragma unroll
-  for (int i = 0; i < N; ++i) pk.v[i] = src[i];
-  *reinterpret_cast<Pack<T, N>*>(p) = pk;
+  for (int i = 0; i < N; ++i) u.pk.v[i] = src[i];
+  if constexpr (sizeof(Pack<T, N>) == sizeof(uint4)) {
+    store_16(p, u.bits);
+  } else {
+    *reinterpret_cast<Pack<T, N>*>(p) = u.pk;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

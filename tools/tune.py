@@ -8,9 +8,12 @@ right when the pick is the fastest variant (or within noise of it) on both sides
 """
 
 import argparse
+import os
 import sys
 
 import cupy
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's package
 
 from pysoftmax import _bench, _lib, _ops
 
