@@ -20,8 +20,8 @@ except ImportError:  # pragma: no cover
 DTYPES = ["float32", "float16", "bfloat16"]
 FORWARD = ["fused", "fused_masked", "online", "naive", "cupy", "torch"]
 BACKWARD = ["backward", "naive_backward", "torch"]
-ROUND_SECONDS = 2e-3  # each round runs this long or more: one synchronisation is then noise
-ROUNDS = 7
+ROUND_SECONDS = 5e-3  # each round runs this long or more: one synchronisation is then noise
+ROUNDS = 15
 
 
 @pytest.fixture(scope="session")

@@ -164,7 +164,9 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
   }
   if (p.family == SOFTMAX_FAMILY_WARP || p.family == SOFTMAX_FAMILY_BLOCK) {
-    p.stage = pack > 1 && kAsyncCopy ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes : 0;
+    const bool stages = p.family == SOFTMAX_FAMILY_WARP ? Op::kStageWarp : Op::kStageBlock;
+    p.stage = pack > 1 && kAsyncCopy && stages ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes
+                                               : 0;
     if (p.stage <= dev.stage_bytes || p.stage == 0) return *out = p, true;
     if (!auto_family) return false;  // a GPU with less shared memory than the stage: stream instead
     p = Plan{};
@@ -181,7 +183,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.chunk_cols = round_up(ceil_div(cols, want), step);
     p.chunks = ceil_div(cols, p.chunk_cols);
     p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
-    p.stage = pack > 1 && kAsyncCopy ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
+    p.stage = pack > 1 && kAsyncCopy && Op::kStageStream ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
     if (p.stage > dev.stage_bytes) return false;  // the stream's stage is at most 64 KiB
   } else {
     return false;
@@ -209,9 +211,10 @@ inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t le
   const char* name = p.family == kNaiveFamily ? "naive" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld",
+           "chunk_cols=%lld workspace=%lld stage=%lld",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
-           static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace));
+           static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
+           static_cast<long long>(p.stage));
   return SOFTMAX_OK;
 }
 

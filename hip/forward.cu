@@ -22,10 +22,10 @@ int mask_elem_bytes(int dtype) {
 }
 
 // Fills the operation from the problem, checking what only the forward direction has.
-template <typename T, bool kMasked> int make_op(const softmax_problem_t& p, ForwardOp<T, kMasked>* op, bool* vec) {
+template <typename T, int kMask> int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec) {
   using C = typename Compute<T>::type;
   constexpr int kVec = vec_pack<T>();
-  *op = ForwardOp<T, kMasked>{};
+  *op = ForwardOp<T, kMask>{};
   op->x = static_cast<const T*>(p.x);
   op->y = static_cast<T*>(p.out);
   op->x_stride = p.x_row_stride;
@@ -67,12 +67,12 @@ template <typename T, bool kMasked> int make_op(const softmax_problem_t& p, Forw
   return SOFTMAX_OK;
 }
 
-template <typename T, bool kMasked>
+template <typename T, int kMask>
 int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
-  using Op = ForwardOp<T, kMasked>;
+  using Op = ForwardOp<T, kMask>;
   Op op;
   bool vec = false;
-  int st = make_op<T, kMasked>(p, &op, &vec);
+  int st = make_op<T, kMask>(p, &op, &vec);
   if (st != SOFTMAX_OK) return st;
   DeviceInfo dev;
   if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
@@ -100,7 +100,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
   if (plan.family == kNaiveFamily) {
-    if constexpr (kMasked) {
+    if constexpr (Op::kMasked) {
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
     const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
@@ -124,10 +124,12 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
     if (mode == EntryMode::kDescribe) snprintf(q->text, static_cast<size_t>(q->text_len), "family=none (empty)");
     return SOFTMAX_OK;
   }
-  // Masks and causal limits select the loader that has them compiled in (ForwardOp::kMasked).
-  const bool masked = (p->mask && p->mask_dtype != SOFTMAX_NONE) || p->causal_queries != 0;
+  // Masks and causal limits select the loader that has them compiled in (ForwardOp's MaskKind).
+  const bool has_mask = p->mask && p->mask_dtype != SOFTMAX_NONE;
   return with_dtype(p->dtype, [&](auto tag) {
-    return masked ? forward_typed<decltype(tag), true>(*p, stream, mode, q)
-                  : forward_typed<decltype(tag), false>(*p, stream, mode, q);
+    using T = decltype(tag);
+    if (has_mask && p->mask_dtype != SOFTMAX_BOOL) return forward_typed<T, kAddMask>(*p, stream, mode, q);
+    if (has_mask || p->causal_queries != 0) return forward_typed<T, kBoolMask>(*p, stream, mode, q);
+    return forward_typed<T, kNoMask>(*p, stream, mode, q);
   });
 }

@@ -40,11 +40,23 @@ constexpr int kPackBytes = 16;
 constexpr int kRowRegisters = 32;
 template <typename T> constexpr int vec_pack() { return kPackBytes / static_cast<int>(sizeof(T)); }
 
-// Packs per thread per rows_stream step: kRowRegisters registers of values in flight (a float64 counts as
-// two), whatever the dtype and the number of arrays read.
+// Staging is a win only where the copy runs while the thread computes (compat.h: kAsyncCopy).
+// Without it the families load global memory directly, as the staged path would, synchronously.
+#if defined(SOFTMAX_PLATFORM_NVIDIA)
+constexpr bool kAsyncCopy = true;
+#else
+constexpr bool kAsyncCopy = false;
+#endif
+
+// Packs per thread per rows_stream step: kRowRegisters registers of values in flight (a float64
+// counts as two), whatever the dtype and the number of arrays read. A staged stream has the next
+// step in flight in shared memory, so its registers need hold only kStagedStreamPacks packs per
+// array (float32 forward at 8 spilled at the 64-register cap).
+constexpr int kStagedStreamPacks = 4;
 template <typename Op, int kPack> constexpr int stream_unroll() {
   constexpr int n = kRowRegisters / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
-  return n < 1 ? 1 : n > 16 ? 16 : n;  // element-wise (scalar) packs: 16 loads per step suffice
+  constexpr int cap = kPack > 1 && Op::kStageStream && kAsyncCopy ? kStagedStreamPacks : 16;
+  return n < 1 ? 1 : n > cap ? cap : n;  // element-wise (scalar) packs: 16 loads per step suffice
 }
 
 // Most values one thread keeps in registers for a row (a 4-byte or 2-byte element widens to one
@@ -75,14 +87,6 @@ struct Stage {
   __device__ __forceinline__ void* slot(int j) const { return base + (static_cast<int64_t>(first + j) * threads + t); }
   __device__ __forceinline__ Stage at(int first_slot) const { return {base, t, threads, first + first_slot}; }
 };
-
-// Staging is a win only where the copy runs while the thread computes (compat.h: kAsyncCopy).
-// Without it the families load global memory directly, as the staged path would, synchronously.
-#if defined(SOFTMAX_PLATFORM_NVIDIA)
-constexpr bool kAsyncCopy = true;
-#else
-constexpr bool kAsyncCopy = false;
-#endif
 
 // How many of the kPack columns from c lie below `bound` (0..kPack), as a small int so that the
 // per-element test is one 32-bit compare.
@@ -148,7 +152,28 @@ __device__ __forceinline__ void store_span(T* row, const Span& s, const T (&out)
 // ---------------------------------------------------------------------------------------------
 // Forward: softmax(x * scale + mask) with an optional causal limit.
 
-template <typename T, bool kMasked> struct ForwardOp {
+// The mask a ForwardOp instantiation reads: each kind is its own set of kernels, because the code
+// of a kind costs registers and bandwidth even where it is never executed (see the top).
+enum MaskKind {
+  kNoMask = 0,    // plain softmax(x * scale)
+  kBoolMask = 1,  // a boolean mask (True keeps), or none; with or without causal
+  kAddMask = 2,   // an additive float mask of any float dtype; with or without causal
+};
+
+// Division of a row index by a mask or causal extent: 32-bit where the index fits, which is
+// several times cheaper than the 64-bit sequence and what every realistic shape takes.
+__device__ __forceinline__ int64_t row_div(int64_t a, int64_t b, int64_t* rem) {
+  if ((a | b) >> 32 == 0) {
+    const uint32_t q = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    *rem = static_cast<uint32_t>(a) - q * static_cast<uint32_t>(b);
+    return q;
+  }
+  *rem = a % b;
+  return a / b;
+}
+
+template <typename T, int kMask> struct ForwardOp {
+  static constexpr bool kMasked = kMask != kNoMask;
   using Storage = T;
   using C = typename Compute<T>::type;
   using Item = C;
@@ -156,7 +181,11 @@ template <typename T, bool kMasked> struct ForwardOp {
   using Merge = MergeMaxSum;
   // Arrays read per column, for register budgets: the mask counts as a second one.
   static constexpr int kInputs = kMasked ? 2 : 1;
-  static constexpr int kStaged = 1;  // packs staged per pack of the row: x (the mask is not staged)
+  // Packs staged per pack of the row: x. Which families stage it (H200): masked rows_warp and
+  // rows_stream, and rows_block with a float mask, needed 128 registers and spilled when staged
+  // (70-86 unstaged, and faster); a boolean-masked rows_block stays at 82 and gains 10-25%.
+  static constexpr int kStaged = 1;
+  static constexpr bool kStageWarp = !kMasked, kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
   // of 512..8192). The masked loader holds mask values too: 128.
@@ -181,17 +210,27 @@ template <typename T, bool kMasked> struct ForwardOp {
     int64_t limit;              // columns >= limit are masked out by causal
   };
 
-  __device__ __forceinline__ Row row(int64_t r) const {
+  // What prefetch() needs of row r: its logits and causal limit, not the mask's offset (whose
+  // divisions would otherwise be paid twice and held in registers across the row's arithmetic).
+  __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row<false>(r); }
+
+  template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r) const {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.limit = kMasked && causal_queries ? min(cols, r % causal_queries + 1) : cols;
+    w.limit = cols;
+    if (kMasked && causal_queries) {
+      int64_t query;
+      row_div(r, causal_queries, &query);
+      w.limit = min(cols, query + 1);
+    }
     w.mask = nullptr;
-    if (kMasked && mask) {
+    if (kMasked && kWithMask && mask) {
       int64_t off = 0, rest = r;
       for (int d = mask_ndim - 1; d >= 0; --d) {
-        off += (rest % mask_shape[d]) * mask_stride[d];
-        rest /= mask_shape[d];
+        int64_t index;
+        rest = row_div(rest, mask_shape[d], &index);
+        off += index * mask_stride[d];
       }
       w.mask = mask + off * mask_elem_size();
     }
@@ -250,12 +289,15 @@ template <typename T, bool kMasked> struct ForwardOp {
 #pragma unroll
     for (int k = 0; k < kPack * kPacks; ++k) v[k] *= scale;
     if (kMasked && mask) {
-      switch (mask_dtype) {
-        case SOFTMAX_BOOL: apply_mask<uint8_t, kPack, kPacks>(w, s, bound, live, v); break;
+      if constexpr (kMask == kBoolMask) {
+        apply_mask<uint8_t, kPack, kPacks>(w, s, bound, live, v);
+      } else {
+        switch (mask_dtype) {
         case SOFTMAX_FLOAT16: apply_mask<__half, kPack, kPacks>(w, s, bound, live, v); break;
         case SOFTMAX_BFLOAT16: apply_mask<bf16_t, kPack, kPacks>(w, s, bound, live, v); break;
         case SOFTMAX_FLOAT32: apply_mask<float, kPack, kPacks>(w, s, bound, live, v); break;
         default: apply_mask<double, kPack, kPacks>(w, s, bound, live, v); break;
+        }
       }
     }
 #pragma unroll
@@ -323,6 +365,7 @@ template <typename T> struct BackwardOp {
   using Merge = SumOp;
   static constexpr int kInputs = 2;  // y and dy
   static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
+  static constexpr bool kStageWarp = true, kStageBlock = true, kStageStream = true;
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
   // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
   static constexpr int kWarpMinBlocks = 1;
@@ -344,6 +387,7 @@ template <typename T> struct BackwardOp {
   __device__ __forceinline__ Row row(int64_t r) const {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
+  __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
 
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
@@ -417,9 +461,11 @@ template <typename V> struct BlockReduce {
 // shared memory). A row's bytes in flight then no longer end where its arithmetic begins, and
 // the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy.
 
-template <typename Op, int kPack, int kPacks, int kRows>
+// Slots per thread of a family that holds kRows rows of kPacks packs; 0: not staged (kStages is
+// the op's choice for that family).
+template <typename Op, int kPack, int kPacks, int kRows, bool kStages>
 constexpr int stage_slots() {
-  return kAsyncCopy && kPack > 1 ? kRows * kPacks * Op::kStaged : 0;
+  return kAsyncCopy && kPack > 1 && kStages ? kRows * kPacks * Op::kStaged : 0;
 }
 
 // The thread's stage (or an empty one), in the block's dynamic shared memory.
@@ -443,7 +489,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  constexpr int kSlots = stage_slots<Op, kPack, kPacks, kRows>();
+  constexpr int kSlots = stage_slots<Op, kPack, kPacks, kRows, Op::kStageWarp>();
   const Stage stage = thread_stage<kSlots>();
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.
@@ -451,7 +497,8 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      op.template prefetch<kPack, kPacks>(op.row(r < rows ? r : 0), span, r < rows, stage.at(k * kPacks * Op::kStaged));
+      op.template prefetch<kPack, kPacks>(op.prefetch_row(r < rows ? r : 0), span, r < rows,
+                                          stage.at(k * kPacks * Op::kStaged));
     }
   };
   if (kSlots) prefetch(warp * kWarpRows);
@@ -490,16 +537,17 @@ __global__ void __launch_bounds__(Op::kBlockMaxThreads) rows_block(const Op op, 
   constexpr int kItems = kPack * kPacks;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const Span span{0, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols};
-  constexpr int kSlots = stage_slots<Op, kPack, kPacks, 1>();
+  constexpr int kSlots = stage_slots<Op, kPack, kPacks, 1, Op::kStageBlock>();
   const Stage stage = thread_stage<kSlots>();
-  if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(op.row(blockIdx.x), span, true, stage);
+  if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(op.prefetch_row(blockIdx.x), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Item v[kItems];
     if (kSlots) copy_async_wait();
     op.template load<kPack, kPacks>(op.row(r), span, true, v, kSlots ? &stage : nullptr);
     if (kSlots) {
       copy_async_reuse_fence();
-      if (r + gridDim.x < rows) op.template prefetch<kPack, kPacks>(op.row(r + gridDim.x), span, true, stage);
+      if (r + gridDim.x < rows)
+        op.template prefetch<kPack, kPacks>(op.prefetch_row(r + gridDim.x), span, true, stage);
     }
     op.template finish<kItems>(v, BlockReduce<C>{scratch});
     op.template store<kPack, kPacks>(op.row(r), span, v);
@@ -526,7 +574,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   __shared__ Stat scratch[kMaxWarpsPerBlock];
   const int64_t nblocks = rows * chunks;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
-  constexpr int kSlots = stage_slots<Op, kPack, kUnroll, 1>();
+  constexpr int kSlots = stage_slots<Op, kPack, kUnroll, 1, Op::kStageStream>();
   const Stage stage = thread_stage<kSlots>();
   // One pass over [begin, end) of row w: use(span, items) per step, with the next step's copies
   // in flight (when staged) while this step is reduced or written.
@@ -579,7 +627,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
 // each pass reading the row from global memory.
 
 // (HIP's __launch_bounds__ is a macro: a template argument list with a comma cannot appear in it.)
-template <typename T> using PlainForward = ForwardOp<T, false>;
+template <typename T> using PlainForward = ForwardOp<T, kNoMask>;
 
 template <typename T, int kPack>
 __global__ void __launch_bounds__(kStreamThreads, PlainForward<T>::kStreamMinBlocks) rows_naive(const PlainForward<T> op, int64_t rows) {

@@ -106,6 +106,25 @@ def _forward_error(cp, x, y):
     return _row_error(cp, _f64(cp, y), ref, ref)
 
 
+def _masked_forward_error(cp, x, y, scale, keep, causal, rows=256):
+    """_forward_error for fused(x, scale=, mask=keep, causal=): keep broadcasts over x's leading
+    dims; causal hides key j > query i (i = the second-to-last index). Fully masked rows must be 0."""
+    lead = x.shape[:-1]
+    n = min(rows, int(numpy.prod(lead)))
+    idx = cp.unravel_index(cp.arange(n), lead)
+    z = _f64(cp, x, n) * scale
+    if keep is not None:
+        kidx = tuple(i if k > 1 else cp.zeros_like(i) for i, k in zip(idx, keep.shape[:-1]))
+        z = cp.where(keep[kidx], z, -cp.inf)
+    if causal:
+        z = cp.where(cp.arange(x.shape[-1])[None, :] > idx[-1][:, None], -cp.inf, z)
+    m = z.max(axis=-1, keepdims=True)
+    e = cp.exp(z - cp.where(cp.isfinite(m), m, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    ref = cp.where(total > 0, e / cp.where(total > 0, total, 1), 0)
+    return _row_error(cp, _f64(cp, y, n), ref, ref)
+
+
 def _backward_error(cp, y, dy, dx):
     """As the tests measure it: error over the size of the terms, ||y * (|dy| + |<y, dy>|)||."""
     y64, dy64 = _f64(cp, y), _f64(cp, dy)
@@ -196,8 +215,9 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
                 keep = cp.random.random((b, 1, 1, s)) > 0.1
                 causal = kind == "attn causal"
             scale = 0.125
-            add("fused", lambda: pysoftmax.fused(xv, scale=scale, mask=None if causal and kind == "attn causal"
-                                                  else keep, causal=causal, out=yv), nbytes)
+            mask = None if kind == "attn causal" else keep
+            add("fused", lambda: pysoftmax.fused(xv, scale=scale, mask=mask, causal=causal, out=yv), nbytes,
+                check=lambda: _masked_forward_error(cp, xv, yv, scale, mask, causal))
             if tdt is not None:
                 tx = torch.from_dlpack(xv)
                 if kind == "attn causal":
@@ -213,7 +233,7 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
                             torch.ones(q, k, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
                 add("torch composed", lambda: torch.softmax(tx * scale + add_mask, -1), nbytes)
     else:
-        y = _make(cp, shape, dtype, None)
+        y = pysoftmax.fused(_make(cp, shape, dtype, None))  # a softmax output: rows sum to 1
         dy = _make(cp, shape, dtype, None)
         dx = cp.empty_like(y)
         nbytes = 3 * size * nbytes_elem
@@ -277,8 +297,8 @@ def table(report):
         lines.append(f"{case:16} {'x'.join(map(str, shape)):>22} {dtype:9} {ms or 0:9.3f} {f or 0:6.0f} "
                      f"{100 * (f or 0) / report['copy_gbs']:6.1f} {cell(g('online'))} {cell(g('naive'))} "
                      f"{cell(g('torch'))} {cell(g('torch composed'))} {cell(g('cupy'))} "
-                     f"{(f / max(peers)) if f and peers else float('nan'):11.2f}x "
-                     f"{max(errs) if errs else float('nan'):8.1e}")
+                     + (f"{f / max(peers):11.2f}x " if f and peers else f"{'-':>12} ")
+                     + (f"{max(errs):8.1e}" if errs else f"{'-':>8}"))
     return "\n".join(lines)
 
 

@@ -10,13 +10,16 @@ leading axes cannot be walked with one row stride. Work goes on the current CuPy
 
 import ctypes
 import numbers
+import threading
 
 import numpy
 
 try:
     import cupy
+
+    _ndarray = cupy.ndarray
 except ImportError:  # pragma: no cover - exercised only on machines without CuPy
-    cupy = None
+    cupy = _ndarray = None
 
 from . import _lib
 from ._errors import SoftmaxError
@@ -338,6 +341,83 @@ def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family,
             return result
 
 
+# ---------------------------------------------------------------------------------------------
+# The fast path: C-contiguous CuPy arrays on the current device and stream, no mask, no overrides.
+# Such a call needs none of the general path's interface parsing, copies or context switches;
+# its problem struct and workspace size are built once per (direction, algorithm, shape, dtype,
+# alignment) and kept per thread, so a call costs a few attribute reads and the C call. Anything
+# else (or anything this path is unsure of) returns None and takes the general path, which
+# raises the same errors it always has.
+
+_fast_local = threading.local()
+_FAST_CACHE_MAX = 256
+
+
+def _fast_code(a):
+    """The dtype code of a C-contiguous, non-empty CuPy ndarray (and its device), else None."""
+    if type(a) is not _ndarray or not a.flags.c_contiguous or a.size == 0 or a.ndim == 0:
+        return None
+    return _DTYPES.get(a.dtype.name)
+
+
+def _fast(direction, algo, inputs, out, scale, causal):
+    x = inputs[0]
+    code = _fast_code(x)
+    if code is None or type(scale) not in (float, int) or (causal and x.ndim < 2):
+        return None
+    shape, dtype = x.shape, x.dtype
+    for a in inputs[1:]:
+        if _fast_code(a) != code or a.shape != shape:
+            return None
+    device = x.device.id
+    if device != cupy.cuda.runtime.getDevice() or any(a.device.id != device for a in inputs[1:]):
+        return None
+    ptrs = [a.data.ptr for a in inputs]
+    if out is not None:
+        if _fast_code(out) != code or out.shape != shape or out.device.id != device:
+            return None
+        optr = out.data.ptr
+        hi = optr + out.nbytes
+        for a, ptr in zip(inputs, ptrs):  # in place is fine; a partial overlap is the general path's error
+            if ptr != optr and ptr < hi and optr < ptr + a.nbytes:
+                return None
+    else:
+        out = cupy.empty(shape, dtype=dtype)
+        optr = out.data.ptr
+    aligned = not (optr | ptrs[0] | (ptrs[1] if len(ptrs) > 1 else 0)) % 16
+    cache = getattr(_fast_local, "cache", None)
+    if cache is None:
+        cache = _fast_local.cache = {}
+    key = (direction, algo, shape, code, aligned, bool(causal))
+    entry = cache.get(key)
+    if entry is None:
+        if len(cache) >= _FAST_CACHE_MAX:
+            cache.clear()
+        p = _lib.Problem()
+        p.algo, p.dtype = algo, code
+        p.rows, p.cols = _rows_cols(shape)
+        p.x_row_stride = p.dy_row_stride = p.out_row_stride = shape[-1]
+        p.causal_queries = shape[-2] if causal else 0
+        p.x, p.out = ptrs[0], optr
+        if len(ptrs) > 1:
+            p.dy = ptrs[1]
+        nbytes = ctypes.c_int64(0)
+        _lib.check(_lib.lib().softmax_workspace_size(ctypes.byref(p), direction, ctypes.byref(nbytes)))
+        launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
+        entry = cache[key] = (p, nbytes.value, launch)
+    p, ws_bytes, launch = entry
+    p.x, p.out, p.scale = ptrs[0], optr, scale
+    if len(ptrs) > 1:
+        p.dy = ptrs[1]
+    ws = None
+    if ws_bytes:
+        ws = cupy.empty(ws_bytes, dtype=numpy.uint8)
+        p.workspace, p.workspace_bytes = ws.data.ptr, ws_bytes
+    _lib.check(launch(ctypes.byref(p), ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)))
+    del ws  # stream-ordered pool: reused only after the queued work
+    return out
+
+
 def _rows_cols(shape):
     if not shape:
         return 1, 1
@@ -360,6 +440,11 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
     """Forward softmax with every option; the public functions are thin views of this.
 
     `family`, `chunks` and `threads` override the dispatcher (tests and tools/tune.py)."""
+    if (mask is None and stream is None and axis == -1 and family == chunks == threads == 0
+            and type(causal) is bool and cupy is not None):
+        y = _fast(_lib.FORWARD, algo, (x,), out, scale, causal)
+        if y is not None:
+            return y
     xa = _arr(x, "x")
     code = _dtype_code(xa)
     ndim = len(xa.shape)
@@ -417,6 +502,10 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
 def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=None, family=_lib.FAMILY_AUTO,
                   chunks=0, threads=0):
     """Backward softmax with every option; `backward` and `naive_backward` are views of this."""
+    if stream is None and family == chunks == threads == 0 and cupy is not None:
+        dx = _fast(_lib.BACKWARD, algo, (y, dy), out, scale, False)
+        if dx is not None:
+            return dx
     ya = _arr(y, "y")
     code = _dtype_code(ya)
     da = _arr(dy, "dy")

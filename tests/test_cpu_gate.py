@@ -28,17 +28,23 @@ def suite(tmp_path, monkeypatch):
     (bench / "test_dummy.py").write_text(textwrap.dedent("""
         def test_kernel(benchmark):
             benchmark.pedantic(lambda: None, rounds=5, iterations=1)
+
+        def test_torch(benchmark):
+            benchmark.pedantic(lambda: None, rounds=5, iterations=1)
     """))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return str(bench)
 
 
-def _baseline(tmp_path, suite, factor, gpu=GPU):
-    """Save a run, then scale its times by `factor` (0.8 = the baseline was 20% faster)."""
+def _baseline(tmp_path, suite, factor, gpu=GPU, only=None):
+    """Save a run, then scale its times by `factor` (0.8 = the baseline was 20% faster); `only`
+    limits the rescaling to benchmarks whose name contains it."""
     path = tmp_path / f"baseline-{factor}-{gpu.replace(' ', '_')}.json"
     assert _gate.save(str(path), suite=suite, timer="--benchmark-timer=fakeclock.tick") == 0
     data = json.loads(path.read_text())
     for b in data["benchmarks"]:
+        if only and only not in b["name"]:
+            continue
         for k, v in b["stats"].items():
             if k in ("rounds", "iterations", "outliers", "ops", "iqr_outliers", "stddev_outliers"):
                 continue
@@ -70,6 +76,16 @@ def test_three_percent_slower_passes(tmp_path, suite, capfd):
     assert _compare(baseline, suite) == 0
     out = capfd.readouterr()
     assert "regressed" not in out.out + out.err
+
+
+def test_peer_regression_does_not_fail_the_gate(tmp_path, suite, capfd):
+    """A reference (torch, CuPy) 20% slower than its baseline is not pysoftmax's regression."""
+    baseline = _baseline(tmp_path, suite, 1 / 1.2, only="torch")
+    capfd.readouterr()
+    assert _compare(baseline, suite) == 0
+    out = capfd.readouterr()
+    assert "regressed" not in out.out + out.err
+    assert "test_kernel" in out.out + out.err  # the gated benchmark did run and compare
 
 
 def test_other_gpu_model_is_refused(tmp_path, suite):

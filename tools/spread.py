@@ -1,29 +1,45 @@
-"""Run-to-run spread of the benchmark suite: per-benchmark median difference between two saved
-runs (pytest-benchmark JSON), to justify the gate's threshold.
+"""Run-to-run spread of the benchmark suite: per-benchmark difference of a statistic between two
+saved runs (pytest-benchmark JSON), to justify the gate's threshold.
 
-    python3 tools/spread.py run1.json run2.json
+    python3 tools/spread.py run1.json run2.json [--stats median,min] [--all]
+
+By default only the gated benchmarks count (pysoftmax's algorithms; the torch and CuPy references
+are not gated, see pysoftmax/_gate.py); --all includes them.
 """
 
+import argparse
 import json
-import sys
 
 
-def medians(path):
+def stats(path, stat, gated):
     with open(path) as f:
-        return {b["fullname"]: b["stats"]["median"] for b in json.load(f)["benchmarks"]}
+        data = json.load(f)["benchmarks"]
+    peer = lambda name: "torch" in name or "cupy" in name
+    return {b["fullname"]: b["stats"][stat] for b in data if not (gated and peer(b["name"]))}
 
 
-def main(a, b):
-    m1, m2 = medians(a), medians(b)
-    diffs = sorted((100 * (m2[k] - m1[k]) / m1[k], k) for k in m1 if k in m2)
-    absd = sorted(abs(d) for d, _ in diffs)
-    pick = lambda q: absd[min(len(absd) - 1, int(q * len(absd)))]
-    print(f"{len(diffs)} benchmarks in both runs")
-    print(f"|median difference|: p50 {pick(0.5):.2f}%  p90 {pick(0.9):.2f}%  p99 {pick(0.99):.2f}%  max {absd[-1]:.2f}%")
-    print("largest differences:")
-    for d, k in sorted(diffs, key=lambda t: -abs(t[0]))[:8]:
-        print(f"  {d:+6.2f}%  {k.split('::')[-1]}")
+def spread(a, b, stat, gated=True):
+    """(sorted |differences| in %, signed (difference, name) list largest first)."""
+    m1, m2 = stats(a, stat, gated), stats(b, stat, gated)
+    diffs = [(100 * (m2[k] - m1[k]) / m1[k], k) for k in m1 if k in m2]
+    return sorted(abs(d) for d, _ in diffs), sorted(diffs, key=lambda t: -abs(t[0]))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("run1")
+    ap.add_argument("run2")
+    ap.add_argument("--stats", default="median,min")
+    ap.add_argument("--all", action="store_true", help="include the torch and CuPy references")
+    args = ap.parse_args(argv)
+    for stat in args.stats.split(","):
+        absd, signed = spread(args.run1, args.run2, stat, not args.all)
+        pick = lambda q: absd[min(len(absd) - 1, int(q * len(absd)))]
+        print(f"{stat}: {len(absd)} benchmarks; |difference| p50 {pick(0.5):.2f}%  p90 {pick(0.9):.2f}%  "
+              f"p99 {pick(0.99):.2f}%  max {absd[-1]:.2f}%; over 10%: {sum(d > 10 for d in absd)}")
+        for d, k in signed[:6]:
+            print(f"  {d:+6.2f}%  {k.split('::')[-1]}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()
