@@ -4,6 +4,8 @@
   and ``python -m pysoftmax gate`` pass it): that clock synchronises the device before reading the
   host clock, so a round measures launch + GPU execution. Each round runs enough calls that the
   one synchronisation is noise, and inputs rotate through buffers larger than L2 together.
+  pysoftmax's calls are replayed from CUDA graphs (see test_softmax_bench.py), so that what is
+  timed is the GPU's work, not the host's variable time per call.
 * Machine info: GPU name, compute capability, driver, runtime, CuPy and torch versions are added to
   every saved run; a comparison against a run from another GPU model stops the session.
 """

@@ -48,3 +48,18 @@ keep = cupy.asarray(rng.random((2, 1, 1, 40)) > 0.3)
 step("fused mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep, causal=True))
 step("fused additive mask", lambda: pysoftmax.fused(s, mask=arr((40, 40), "float32")))
 step("fused strided mask", lambda: pysoftmax.fused(s, mask=arr((40, 80), "float16")[:, ::2]))
+
+# Enough rows that every staged register family walks a second row per block or warp: the copy
+# of the next rows into shared memory overlaps the current ones (rows > the grid's blocks, 4224
+# on an H200, times the rows a block holds).
+for dtype in ("float32", "float16"):
+    for rows, cols, what in ((300000, 40, "rows_warp tiny"), (17000, 304, "rows_warp medium"),
+                             (8500, 1032, "rows_block")):  # rows_stream walks several steps a row above
+        x = arr((rows, cols), dtype)
+        plan = _ops.plan((rows, cols), dtype)
+        step(f"many rows fused {what} {dtype} ({plan['family']} stage={plan['stage']})", lambda: pysoftmax.fused(x))
+        y = pysoftmax.fused(x)
+        step(f"many rows backward {what} {dtype}", lambda: pysoftmax.backward(y, x))
+        step(f"many rows masked {what} {dtype}",
+             lambda: pysoftmax.fused(x.reshape(rows // 100 if rows % 100 == 0 else rows, -1, cols), causal=True))
+        del x, y
