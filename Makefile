@@ -11,6 +11,7 @@
 # FAST_MATH=1 (opt-in), NVCC, HIPCC, PYTHON.
 
 PYTHON      ?= python3
+BENCH_ARGS  ?= --json bench.json --plot bench.png
 NVCC        ?= nvcc
 HIPCC       ?= hipcc
 VERSION     := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' pysoftmax/_version.py)

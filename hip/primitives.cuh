@@ -1,7 +1,7 @@
 // primitives.cuh — everything the kernel families share; no kernel re-declares any of it.
 //
-//   * storage types and math traits: float16 (vendor __half), bfloat16 (bit pattern, converted
-//     here so both vendors round the same way), float32, float64. Compute<T> is float for the
+//   * storage types and math traits: float16 (vendor __half), bfloat16 (a bit pattern of our
+//     own, narrowed by compat.h's bf16_round: nearest even on both vendors), float32, float64. Compute<T> is float for the
 //     first three and double for float64: values are widened on load and narrowed on store.
 //   * Pack<T, N>: N elements moved by one aligned vector access (16 bytes at most).
 //   * group and block all-reduce over any associative op (max, sum, the online (max, sum) pair).
