@@ -134,6 +134,7 @@ def _graphed(fn, calls):
     None when the calls cannot be captured (the test then fails: pysoftmax's calls with `out=`
     allocate nothing and never synchronise, so they must be capturable)."""
     stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.runtime.deviceSynchronize()  # the caller's warm-up ran on another stream
     try:
         with stream:
             fn()  # this stream's first call: memory pool and module state outside the capture

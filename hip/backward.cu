@@ -32,7 +32,8 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
-    plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan);
+    if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan))
+      return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }

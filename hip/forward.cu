@@ -85,7 +85,8 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
                     static_cast<long long>(p.cols));
       break;
     case SOFTMAX_ALGO_ONLINE:
-      plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan);
+      if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan))
+        return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
       break;
     case SOFTMAX_ALGO_NAIVE:
       plan = plan_naive(p.rows, p.cols, pack, dev);

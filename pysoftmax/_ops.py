@@ -374,7 +374,9 @@ def _fast(direction, algo, inputs, out, scale, causal):
         return None
     ptrs = [a.data.ptr for a in inputs]
     if out is not None:
-        if _fast_code(out) != code or out.shape != shape or out.device.id != device:
+        # Equal strides too: a same-pointer `out` that differs on size-1 axes is the general
+        # path's to refuse.
+        if _fast_code(out) != code or out.shape != shape or out.strides != x.strides or out.device.id != device:
             return None
         optr = out.data.ptr
         hi = optr + out.nbytes
@@ -388,7 +390,7 @@ def _fast(direction, algo, inputs, out, scale, causal):
     cache = getattr(_fast_local, "cache", None)
     if cache is None:
         cache = _fast_local.cache = {}
-    key = (direction, algo, shape, code, aligned, bool(causal))
+    key = (direction, algo, shape, code, aligned, bool(causal), device)  # plans depend on the GPU
     entry = cache.get(key)
     if entry is None:
         if len(cache) >= _FAST_CACHE_MAX:
@@ -440,7 +442,7 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
     """Forward softmax with every option; the public functions are thin views of this.
 
     `family`, `chunks` and `threads` override the dispatcher (tests and tools/tune.py)."""
-    if (mask is None and stream is None and axis == -1 and family == chunks == threads == 0
+    if (mask is None and stream is None and axis == -1 and type(axis) is int and family == chunks == threads == 0
             and type(causal) is bool and cupy is not None):
         y = _fast(_lib.FORWARD, algo, (x,), out, scale, causal)
         if y is not None:
