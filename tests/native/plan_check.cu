@@ -1,0 +1,99 @@
+// plan_check.cu — host-only check of plan_rows() (hip/dispatch.cuh) over row lengths 1..70000,
+// every operation, vector and element-wise packs, automatic and forced families, requested block
+// sizes, and three shared-memory sizes (H100/H200, A100, and the 99 KiB of sm_86/sm_89 GPUs).
+// Prints one line per violated invariant and "plans=P violations=N" last; built and run by
+// tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
+#include <stdio.h>
+
+#include "dispatch.cuh"
+
+int fail(int code, const char*, ...) { return code; }  // capi.cu's, not linked here
+
+static int violations = 0;
+static int64_t plans = 0;
+
+static void report(const char* op, const char* what, int family, int pack, int threads, int64_t cols,
+                   const Plan& p) {
+  if (violations++ < 20)
+    printf("%s: %s (asked family=%d pack=%d threads=%d cols=%lld) -> family=%d threads=%d packs=%d group=%d "
+           "rows_per_group=%d chunks=%lld chunk_cols=%lld stage=%lld\n",
+           op, what, family, pack, threads, static_cast<long long>(cols), p.family, p.threads, p.packs, p.group,
+           p.rows_per_group, static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols),
+           static_cast<long long>(p.stage));
+}
+
+template <typename Op> void check(const char* op, int64_t stage_bytes) {
+  using T = typename Op::Storage;
+  DeviceInfo dev;
+  dev.sms = 132;
+  dev.warp = 32;
+  dev.stage_bytes = stage_bytes - kStaticSharedBytes;
+  for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
+    for (int pack : {vec_pack<T>(), 1})
+      for (int threads : {0, 64, 128, 512, 1024})
+        for (int64_t cols = 1; cols <= 70000; cols += cols < 5000 ? 1 : 7) {
+          if (threads && family != SOFTMAX_FAMILY_BLOCK) continue;
+          Plan p;
+          const bool ok = plan_rows<Op>(1000, cols, pack, family, 0, threads, dev, &p);
+          ++plans;
+          if (!ok) {
+            if (family == SOFTMAX_FAMILY_AUTO) report(op, "automatic dispatch found no family", family, pack, threads, cols, p);
+            continue;
+          }
+          if (family != SOFTMAX_FAMILY_AUTO && p.family != family) report(op, "forced family not honoured", family, pack, threads, cols, p);
+          if (p.stage < 0 || p.stage > dev.stage_bytes) report(op, "stage larger than the device allows", family, pack, threads, cols, p);
+          if (p.stage && !(pack > 1 && kAsyncCopy)) report(op, "stage without vector packs", family, pack, threads, cols, p);
+          if (p.threads <= 0 || p.threads % dev.warp || p.blocks <= 0) report(op, "bad launch shape", family, pack, threads, cols, p);
+          const int max_packs = (pack > 1 ? max_items<T>() : max_scalar_items<T>()) / pack;
+          switch (p.family) {
+            case SOFTMAX_FAMILY_WARP: {
+              if (int64_t{p.group} * p.packs * pack < cols) report(op, "rows_warp does not cover the row", family, pack, threads, cols, p);
+              if (p.packs > max_packs || p.group > kMaxGroup) report(op, "rows_warp over its register budget", family, pack, threads, cols, p);
+              const int64_t stage = pack > 1 && kAsyncCopy && Op::kStageWarp
+                                        ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes : 0;
+              if (stage != p.stage) report(op, "rows_warp stage differs from the kernel's slots", family, pack, threads, cols, p);
+              break;
+            }
+            case SOFTMAX_FAMILY_BLOCK: {
+              if (int64_t{p.threads} * p.packs * pack < cols) report(op, "rows_block does not cover the row", family, pack, threads, cols, p);
+              if (p.threads > Op::kBlockMaxThreads || p.packs > max_packs || (p.packs & (p.packs - 1)))
+                report(op, "rows_block outside its compiled instantiations", family, pack, threads, cols, p);
+              const int64_t stage = pack > 1 && kAsyncCopy && Op::kStageBlock
+                                        ? int64_t{p.threads} * p.packs * Op::kStaged * kPackBytes : 0;
+              if (stage != p.stage) report(op, "rows_block stage differs from the kernel's slots", family, pack, threads, cols, p);
+              break;
+            }
+            default: {
+              if (p.chunks < 1 || p.chunk_cols * p.chunks < cols || p.chunk_cols % (int64_t{p.threads} * pack))
+                report(op, "rows_stream chunks do not tile the row", family, pack, threads, cols, p);
+              const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
+              const int64_t stage = pack > 1 && kAsyncCopy && Op::kStageStream
+                                        ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
+              if (stage != p.stage) report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
+            }
+          }
+        }
+}
+
+template <typename T> void check_dtype(const char* name, int64_t stage_bytes) {
+  char op[64];
+  snprintf(op, sizeof op, "forward %s", name);
+  check<ForwardOp<T, kNoMask>>(op, stage_bytes);
+  snprintf(op, sizeof op, "forward+bool mask %s", name);
+  check<ForwardOp<T, kBoolMask>>(op, stage_bytes);
+  snprintf(op, sizeof op, "forward+float mask %s", name);
+  check<ForwardOp<T, kAddMask>>(op, stage_bytes);
+  snprintf(op, sizeof op, "backward %s", name);
+  check<BackwardOp<T>>(op, stage_bytes);
+}
+
+int main() {
+  for (int64_t smem : {int64_t{227} << 10, int64_t{163} << 10, int64_t{99} << 10}) {
+    check_dtype<float>("float32", smem);
+    check_dtype<__half>("float16", smem);
+    check_dtype<bf16_t>("bfloat16", smem);
+    check_dtype<double>("float64", smem);
+  }
+  printf("plans=%lld violations=%d\n", static_cast<long long>(plans), violations);
+  return violations ? 1 : 0;
+}
