@@ -16,6 +16,8 @@
 //               orders the thread's reads of a slot before a new copy into it. Where there is no
 //               such copy (AMD, older NVIDIA) the copy is a plain load and store, and the wait and
 //               fence do nothing: the same code is correct, only without the overlap.
+//   kAsyncCopy  whether the platform has that copy, so that the kernels stage rows through it
+//               (host and device agree: it names the platform, not the device pass).
 #pragma once
 
 #include <stdint.h>
@@ -97,6 +99,12 @@ __device__ __forceinline__ void store_16(void* gmem, uint4 v) {
 }
 #else
 __device__ __forceinline__ void store_16(void* gmem, uint4 v) { *static_cast<uint4*>(gmem) = v; }
+#endif
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA)
+constexpr bool kAsyncCopy = true;
+#else
+constexpr bool kAsyncCopy = false;
 #endif
 
 #if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -37,12 +37,11 @@ template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
 }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
-// Vector rows: kBlockThreadPacks packs (64 bytes) per thread, in blocks of kBlockMinThreads to
+// Vector rows: kStagedPacks packs (64 bytes) per thread, in blocks of kBlockMinThreads to
 // kBlockMaxAutoThreads threads; longer rows take more packs per thread, then more threads (H200,
 // staged rows of 2048-32768: 64 bytes a thread beat 32 or 128 by 2-25% in every dtype, and
 // blocks past 512 threads only pay off once a thread holds its most). Element-wise rows aim at
 // kBlockTargetThreads threads.
-constexpr int kBlockThreadPacks = 4;
 constexpr int kBlockMinThreads = 128;
 constexpr int kBlockMaxAutoThreads = 512;
 constexpr int kBlockTargetThreads = 256;
@@ -154,10 +153,10 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       // packs per thread are chosen for the block that is actually launched.
       p.packs = fit_pow2(packs, threads > 0 ? std::min(threads, kBlockMax) : kBlockTargetThreads, lo, max_packs);
     } else {
-      const int64_t want = ceil_div(packs, kBlockThreadPacks);
+      const int64_t want = ceil_div(packs, kStagedPacks);
       p.packs = want < kBlockMinThreads   ? fit_pow2(packs, kBlockMinThreads, lo, max_packs)
                 : want > kBlockMaxAutoThreads ? fit_pow2(packs, kBlockMaxAutoThreads, lo, max_packs)
-                                        : std::min(kBlockThreadPacks, max_packs);
+                                        : std::min(kStagedPacks, max_packs);
     }
     if (!p.packs) p.packs = max_packs;
     p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kBlockMax));
@@ -165,8 +164,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   }
   if (p.family == SOFTMAX_FAMILY_WARP || p.family == SOFTMAX_FAMILY_BLOCK) {
     const bool stages = p.family == SOFTMAX_FAMILY_WARP ? Op::kStageWarp : Op::kStageBlock;
-    p.stage = pack > 1 && kAsyncCopy && stages ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes
-                                               : 0;
+    p.stage = int64_t{p.threads} * stage_slots<Op>(stages, pack, p.packs, p.rows_per_group) * kPackBytes;
     if (p.stage <= dev.stage_bytes || p.stage == 0) return *out = p, true;
     if (!auto_family) return false;  // a GPU with less shared memory than the stage: stream instead
     p = Plan{};
@@ -183,7 +181,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.chunk_cols = round_up(ceil_div(cols, want), step);
     p.chunks = ceil_div(cols, p.chunk_cols);
     p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
-    p.stage = pack > 1 && kAsyncCopy && Op::kStageStream ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
+    p.stage = int64_t{p.threads} * stage_slots<Op>(Op::kStageStream, pack, unroll, 1) * kPackBytes;
     if (p.stage > dev.stage_bytes) return false;  // the stream's stage is at most 64 KiB
   } else {
     return false;

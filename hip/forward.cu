@@ -104,12 +104,8 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     if constexpr (Op::kMasked) {
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
-    const dim3 grid(static_cast<unsigned>(plan.blocks)), block(plan.threads);
-    if (pack > 1)
-      rows_naive<T, vec_pack<T>()><<<grid, block, 0, stream>>>(op, p.rows);
-    else
-      rows_naive<T, 1><<<grid, block, 0, stream>>>(op, p.rows);
-    return launch_status("rows_naive");
+      return pack > 1 ? launch(rows_naive<T, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
+                      : launch(rows_naive<T, 1>, "rows_naive", plan, stream, op, p.rows);
     }
   }
   return launch_plan(op, p.rows, plan, stream, p.workspace);

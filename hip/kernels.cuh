@@ -40,22 +40,16 @@ constexpr int kPackBytes = 16;
 constexpr int kRowRegisters = 32;
 template <typename T> constexpr int vec_pack() { return kPackBytes / static_cast<int>(sizeof(T)); }
 
-// Staging is a win only where the copy runs while the thread computes (compat.h: kAsyncCopy).
-// Without it the families load global memory directly, as the staged path would, synchronously.
-#if defined(SOFTMAX_PLATFORM_NVIDIA)
-constexpr bool kAsyncCopy = true;
-#else
-constexpr bool kAsyncCopy = false;
-#endif
+// Packs of each array a thread works on at a time where its rows are staged (64 bytes): the next
+// ones are in flight in shared memory meanwhile, so more would only cost registers (H200: float32
+// rows_stream at 8 spilled at its 64-register cap; rows_block at 2 or 8 was 2-25% slower).
+constexpr int kStagedPacks = 4;
 
 // Packs per thread per rows_stream step: kRowRegisters registers of values in flight (a float64
-// counts as two), whatever the dtype and the number of arrays read. A staged stream has the next
-// step in flight in shared memory, so its registers need hold only kStagedStreamPacks packs per
-// array (float32 forward at 8 spilled at the 64-register cap).
-constexpr int kStagedStreamPacks = 4;
+// counts as two), whatever the dtype and the number of arrays read; kStagedPacks when staged.
 template <typename Op, int kPack> constexpr int stream_unroll() {
   constexpr int n = kRowRegisters / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
-  constexpr int cap = kPack > 1 && Op::kStageStream && kAsyncCopy ? kStagedStreamPacks : 16;
+  constexpr int cap = kPack > 1 && Op::kStageStream && kAsyncCopy ? kStagedPacks : 16;
   return n < 1 ? 1 : n > cap ? cap : n;  // element-wise (scalar) packs: 16 loads per step suffice
 }
 
@@ -77,7 +71,7 @@ struct Span {
   }
 };
 
-// A thread's slots in shared memory for packs copied ahead of use (rows_warp, rows_block): slot j
+// A thread's slots in shared memory for packs copied ahead of use (every family that stages): slot j
 // of thread t is the 16 bytes at (first + j) * threads + t, so a warp's slots are consecutive
 // (no bank conflicts) and no thread ever touches another's, which is why a copy needs only the
 // copying thread's wait and no block barrier.
@@ -461,12 +455,13 @@ template <typename V> struct BlockReduce {
 // shared memory). A row's bytes in flight then no longer end where its arithmetic begins, and
 // the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy.
 
-// Slots per thread of a family that holds kRows rows of kPacks packs; 0: not staged (kStages is
-// the op's choice for that family).
-template <typename Op, int kPack, int kPacks, int kRows, bool kStages>
-constexpr int stage_slots() {
-  return kAsyncCopy && kPack > 1 && kStages ? kRows * kPacks * Op::kStaged : 0;
+// Slots per thread of a family that holds `rows` rows of `packs` packs of `pack` elements; 0: not
+// staged (`stages` is the op's choice for that family). The kernels size their stage with it and
+// the planner their dynamic shared memory, so the two cannot disagree.
+template <typename Op> constexpr int stage_slots(bool stages, int pack, int packs, int rows) {
+  return kAsyncCopy && pack > 1 && stages ? rows * packs * Op::kStaged : 0;
 }
+
 
 // The thread's stage (or an empty one), in the block's dynamic shared memory.
 template <int kSlots> __device__ __forceinline__ Stage thread_stage() {
@@ -489,7 +484,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  constexpr int kSlots = stage_slots<Op, kPack, kPacks, kRows, Op::kStageWarp>();
+  constexpr int kSlots = stage_slots<Op>(Op::kStageWarp, kPack, kPacks, kRows);
   const Stage stage = thread_stage<kSlots>();
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.
@@ -537,7 +532,7 @@ __global__ void __launch_bounds__(Op::kBlockMaxThreads) rows_block(const Op op, 
   constexpr int kItems = kPack * kPacks;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const Span span{0, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols};
-  constexpr int kSlots = stage_slots<Op, kPack, kPacks, 1, Op::kStageBlock>();
+  constexpr int kSlots = stage_slots<Op>(Op::kStageBlock, kPack, kPacks, 1);
   const Stage stage = thread_stage<kSlots>();
   if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(op.prefetch_row(blockIdx.x), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -574,7 +569,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   __shared__ Stat scratch[kMaxWarpsPerBlock];
   const int64_t nblocks = rows * chunks;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
-  constexpr int kSlots = stage_slots<Op, kPack, kUnroll, 1, Op::kStageStream>();
+  constexpr int kSlots = stage_slots<Op>(Op::kStageStream, kPack, kUnroll, 1);
   const Stage stage = thread_stage<kSlots>();
   // One pass over [begin, end) of row w: use(span, items) per step, with the next step's copies
   // in flight (when staged) while this step is reduced or written.
