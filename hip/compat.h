@@ -16,6 +16,8 @@
 //               orders the thread's reads of a slot before a new copy into it. Where there is no
 //               such copy (AMD, older NVIDIA) the copy is a plain load and store, and the wait and
 //               fence do nothing: the same code is correct, only without the overlap.
+//   exp2_approx(v)          2^v by the hardware's approximation (2 ulp), results below 2^-126
+//               flushed to zero (they are below any softmax term that can be told from zero).
 //   kAsyncCopy  whether the platform has that copy, so that the kernels stage rows through it
 //               (host and device agree: it names the platform, not the device pass).
 #pragma once
@@ -99,6 +101,18 @@ __device__ __forceinline__ void store_16(void* gmem, uint4 v) {
 }
 #else
 __device__ __forceinline__ void store_16(void* gmem, uint4 v) { *static_cast<uint4*>(gmem) = v; }
+#endif
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__)
+// exp2f compiles to the non-flushing ex2.approx.f32, which ptxas wraps in range tests and
+// rescales around MUFU.EX2: extra instructions per element in kernels that are issue-bound.
+__device__ __forceinline__ float exp2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+#else
+__device__ __forceinline__ float exp2_approx(float v) { return exp2f(v); }
 #endif
 
 #if defined(SOFTMAX_PLATFORM_NVIDIA)

@@ -102,15 +102,20 @@ __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t b
   for (int j = 0; j < kPacks; ++j) {
     const int64_t c = s.col<kPack>(j);
     const int n = live ? inside<kPack>(c, bound) : 0;
-    T raw[kPack];
+    // Each path widens its own values: were the raw 16-bit values merged first, every element
+    // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
     if (n == kPack && kPack > 1) {
+      T raw[kPack];
       load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : row + c, raw);
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
+    } else if (n > 0) {  // a partial pack; whole packs past a causal limit skip even the tests
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = i < n ? static_cast<C>(to_compute(row[c + i])) : C(0);
     } else {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) raw[i] = i < n ? row[c + i] : T();
+      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = C(0);
     }
-#pragma unroll
-    for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
   }
 }
 
@@ -156,6 +161,8 @@ enum MaskKind {
 
 // Division of a row index by a mask or causal extent: 32-bit where the index fits, which is
 // several times cheaper than the 64-bit sequence and what every realistic shape takes.
+// (A host-computed multiply-and-shift divider cut few instructions and, in masked rows_block,
+// raised registers from 64 to 88 and lost up to 25% of bandwidth on the H200.)
 __device__ __forceinline__ int64_t row_div(int64_t a, int64_t b, int64_t* rem) {
   if ((a | b) >> 32 == 0) {
     const uint32_t q = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
@@ -183,7 +190,7 @@ template <typename T, int kMask> struct ForwardOp {
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
   // of 512..8192). The masked loader holds mask values too: 128.
-  static constexpr int kWarpMinBlocks = kMasked ? 4 : 6;
+  static constexpr int kWarpMinBlocks = kMasked ? 5 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   static constexpr int kStreamMinBlocks = kMasked ? 1 : 2;
 
@@ -220,12 +227,14 @@ template <typename T, int kMask> struct ForwardOp {
     }
     w.mask = nullptr;
     if (kMasked && kWithMask && mask) {
+      // The outermost index needs no division: the dims cover the rows, so what is left is it.
       int64_t off = 0, rest = r;
-      for (int d = mask_ndim - 1; d >= 0; --d) {
+      for (int d = mask_ndim - 1; d >= 1; --d) {
         int64_t index;
         rest = row_div(rest, mask_shape[d], &index);
         off += index * mask_stride[d];
       }
+      if (mask_ndim > 0) off += rest * mask_stride[0];
       w.mask = mask + off * mask_elem_size();
     }
     return w;
@@ -238,35 +247,47 @@ template <typename T, int kMask> struct ForwardOp {
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
 
-  // The mask for the span, added (float) or applied (bool) to v. Mask reads are batched like the
-  // logits' and skipped where the logits were.
-  template <typename M, int kPack, int kPacks>
-  __device__ __forceinline__ void apply_mask(const Row& w, const Span& s, int64_t bound, bool live, C* v) const {
-    const M* m = reinterpret_cast<const M*>(w.mask);
-    // One pack of mask at a time: masks are mostly broadcast rows served from cache, and holding
-    // them for every pack would double the registers the row needs.
+  // Bit i set where column c + i of this row's boolean mask is True (i < n, the columns of the
+  // pack that are read). Whole aligned packs are read as 32-bit words and tested bytewise in
+  // integer arithmetic: converting each byte to a float to compare it cost a quarter-rate
+  // conversion per element.
+  template <int kPack>
+  __device__ __forceinline__ uint32_t bool_mask_bits(const Row& w, int64_t c, int n) const {
+    if constexpr (kPack >= 4) {
+      if (mask_vec && n == kPack) {
+        uint32_t words[kPack / 4];
+        load_pack<uint32_t, kPack / 4>(reinterpret_cast<const uint32_t*>(w.mask + c), words);
+        uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const Span one{s.base + static_cast<int64_t>(j) * s.width * kPack, s.lane, s.width, s.end};
-      C mv[kPack];
-      if (mask_vec) {
-        load_span<C, M, kPack, 1>(m, one, bound, live, mv);
-      } else {  // columns of the mask are not unit-stride
-        const int64_t c = one.col<kPack>(0);
-        const int n = live ? inside<kPack>(c, bound) : 0;
-#pragma unroll
-        for (int i = 0; i < kPack; ++i) mv[i] = i < n ? static_cast<C>(to_compute(m[(c + i) * mask_col_stride])) : C(0);
-      }
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) {
-        C& x = v[j * kPack + i];
-        if (sizeof(M) == 1) {
-          if (mv[i] == C(0)) x = neg_inf<C>();  // boolean: True keeps
-        } else {
-          x += mv[i];                           // additive
-        }
+        for (int k = 0; k < kPack / 4; ++k) bits |= nonzero_byte_bits(words[k]) << (4 * k);
+        return bits;
       }
     }
+    uint32_t bits = 0;
+    if (n > 0) {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i)
+        if (i < n && w.mask[(c + i) * mask_col_stride] != 0) bits |= 1u << i;
+    }
+    return bits;
+  }
+
+  // The additive mask's values for the first n columns of the pack at c (0 elsewhere).
+  template <typename M, int kPack>
+  __device__ __forceinline__ void add_mask_values(const Row& w, int64_t c, int n, C* add) const {
+    const M* m = reinterpret_cast<const M*>(w.mask);
+    M raw[kPack];
+    if (mask_vec && n == kPack && kPack > 1) {
+      load_pack<M, kPack>(m + c, raw);
+    } else if (n > 0) {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) raw[i] = i < n ? m[(c + i) * mask_col_stride] : M();
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) raw[i] = M();
+    }
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) add[i] = i < n ? static_cast<C>(to_compute(raw[i])) : C(0);
   }
 
   // The span's values, scaled and masked; pads (-inf) past the causal limit, the span's end, and
@@ -280,26 +301,38 @@ template <typename T, int kMask> struct ForwardOp {
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
     load_span<C, T, kPack, kPacks>(w.x, s, bound, live, v, st);
-#pragma unroll
-    for (int k = 0; k < kPack * kPacks; ++k) v[k] *= scale;
-    if (kMasked && mask) {
-      if constexpr (kMask == kBoolMask) {
-        apply_mask<uint8_t, kPack, kPacks>(w, s, bound, live, v);
-      } else {
-        switch (mask_dtype) {
-        case SOFTMAX_FLOAT16: apply_mask<__half, kPack, kPacks>(w, s, bound, live, v); break;
-        case SOFTMAX_BFLOAT16: apply_mask<bf16_t, kPack, kPacks>(w, s, bound, live, v); break;
-        case SOFTMAX_FLOAT32: apply_mask<float, kPack, kPacks>(w, s, bound, live, v); break;
-        default: apply_mask<double, kPack, kPacks>(w, s, bound, live, v); break;
-        }
-      }
-    }
+    // Per pack: which columns are kept (read, inside the causal limit, True in a boolean mask)
+    // as one bit each, then one select per element; the mask is read a pack at a time (masks
+    // are mostly broadcast rows served from cache, and holding them for every pack would double
+    // the registers the row needs).
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int n = live ? inside<kPack>(s.col<kPack>(j), bound) : 0;
+      const int64_t c = s.col<kPack>(j);
+      const int n = live ? inside<kPack>(c, bound) : 0;
+      uint32_t keep = 0;  // bit i: column i of the pack is kept
+      C add[kPack] = {};
+      if constexpr (kMask == kBoolMask) {
+        keep = mask ? bool_mask_bits<kPack>(w, c, n) : (1u << n) - 1u;
+      } else if constexpr (kMask == kAddMask) {
+        switch (mask_dtype) {
+        case SOFTMAX_FLOAT16: add_mask_values<__half, kPack>(w, c, n, add); break;
+        case SOFTMAX_BFLOAT16: add_mask_values<bf16_t, kPack>(w, c, n, add); break;
+        case SOFTMAX_FLOAT32: add_mask_values<float, kPack>(w, c, n, add); break;
+        default: add_mask_values<double, kPack>(w, c, n, add); break;
+        }
+      }
+      // The common case, a whole pack kept, takes no per-element test.
+      if (kMask != kBoolMask) keep = (1u << n) - 1u;
+      if (keep == (1u << kPack) - 1u) {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i)
-        if (i >= n) v[j * kPack + i] = pad();
+        for (int i = 0; i < kPack; ++i) v[j * kPack + i] = v[j * kPack + i] * scale + add[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) {
+          C& x = v[j * kPack + i];
+          x = (keep >> i) & 1u ? x * scale + add[i] : pad();
+        }
+      }
     }
   }
 

@@ -40,6 +40,14 @@ template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) { re
 template <typename T> __device__ __forceinline__ T from_compute(double v);
 template <> __device__ __forceinline__ double from_compute<double>(double v) { return v; }
 
+// Bits 0..3 set where bytes 0..3 of w are nonzero, in integer arithmetic only: adding 0x7f to
+// a byte's low 7 bits carries into its top bit iff they are nonzero, and the multiply gathers
+// the four top bits (7, 15, 23, 31, shifted to 0, 8, 16, 24) into bits 21..24 without carries.
+__device__ __forceinline__ uint32_t nonzero_byte_bits(uint32_t w) {
+  const uint32_t top = (((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u;
+  return (((top >> 7) * 0x00204081u) >> 21) & 0xfu;
+}
+
 template <typename C> __device__ __forceinline__ C neg_inf();
 template <> __device__ __forceinline__ float neg_inf<float>() { return -__int_as_float(0x7f800000); }
 template <> __device__ __forceinline__ double neg_inf<double>() {
@@ -49,7 +57,7 @@ template <> __device__ __forceinline__ double neg_inf<double>() {
 // exp(v - m). float goes through exp2 so the argument costs one subtract and one multiply; the
 // subtract comes first so that huge logits close to the max keep their precision.
 __device__ __forceinline__ float exp_sub(float v, float m) {
-  return exp2f((v - m) * 1.4426950408889634f);
+  return exp2_approx((v - m) * 1.4426950408889634f);
 }
 __device__ __forceinline__ double exp_sub(double v, double m) { return exp(v - m); }
 
