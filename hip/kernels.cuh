@@ -189,7 +189,8 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr bool kStageWarp = !kMasked, kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
-  // of 512..8192). The masked loader holds mask values too: 128.
+  // of 512..8192). The masked loader holds mask bits and row offsets too: 102 (at 128, ptxas gave
+  // bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing spills).
   static constexpr int kWarpMinBlocks = kMasked ? 5 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   static constexpr int kStreamMinBlocks = kMasked ? 1 : 2;
