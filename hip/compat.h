@@ -17,7 +17,8 @@
 //               such copy (AMD, older NVIDIA) the copy is a plain load and store, and the wait and
 //               fence do nothing: the same code is correct, only without the overlap.
 //   exp2_approx(v)          2^v by the hardware's approximation (2 ulp), results below 2^-126
-//               flushed to zero (they are below any softmax term that can be told from zero).
+//               flushed to zero: a softmax output that small becomes 0 instead of a denormal
+//               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
 //   kAsyncCopy  whether the platform has that copy, so that the kernels stage rows through it
 //               (host and device agree: it names the platform, not the device pass).
 #pragma once
