@@ -49,7 +49,11 @@ constexpr int kBlockTargetThreads = 256;
 // (2048 / threads per SM): otherwise SMs sit idle while a few blocks walk very long rows.
 // Grid-stride loops: at most this many blocks per SM are launched; more adds no parallelism.
 constexpr int kMaxBlocksPerSm = 32;
-static_assert(kWarpFamilyThreads % 64 == 0 && kBlockTargetThreads % 64 == 0 && kStreamThreads % 64 == 0,
+// Every block size, chosen or requested, is a multiple of the widest warp (wave64), so that it is
+// whole warps on wave64 and wave32 targets alike.
+constexpr int kBlockThreadsQuantum = 64;
+static_assert(kWarpFamilyThreads % kBlockThreadsQuantum == 0 && kBlockTargetThreads % kBlockThreadsQuantum == 0 &&
+                  kStreamThreads % kBlockThreadsQuantum == 0,
               "block sizes must be whole warps on wave64 and wave32 targets");
 static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
               "the medium warp table starts at twice the tiny table's packs and must fit max_items");
@@ -62,8 +66,9 @@ struct DeviceInfo {
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
 };
 
-// Static shared memory of the families (the reduction scratch), left out of a block's stage.
-constexpr int kStaticSharedBytes = kMaxWarpsPerBlock * 16;
+// Static shared memory of the families (the reduction scratch: a warp's partial of the widest
+// Stat, the (max, sum) pair in float64), left out of a block's stage.
+constexpr int kStaticSharedBytes = kMaxWarpsPerBlock * static_cast<int>(sizeof(MaxSum<double>));
 
 inline int device_info(DeviceInfo* out) {
   constexpr int kMaxDevices = 64;
@@ -333,9 +338,9 @@ inline int check_problem(const softmax_problem_t* p) {
     return fail(SOFTMAX_ERROR_UNSUPPORTED, "dtype %d: expected float32, float16, bfloat16 or float64", p->dtype);
   if (p->family < SOFTMAX_FAMILY_AUTO || p->family > SOFTMAX_FAMILY_STREAM)
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "family %d is not a softmax_family", p->family);
-  if (p->threads < 0 || p->threads > kMaxBlockThreads || p->threads % 64)
-    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "threads=%d: expected 0 (automatic) or a multiple of 64 up to %d",
-                p->threads, kMaxBlockThreads);
+  if (p->threads < 0 || p->threads > kMaxBlockThreads || p->threads % kBlockThreadsQuantum)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "threads=%d: expected 0 (automatic) or a multiple of %d up to %d",
+                p->threads, kBlockThreadsQuantum, kMaxBlockThreads);
   if (p->chunks < 0) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "chunks=%lld: expected >= 0", static_cast<long long>(p->chunks));
   if (p->rows > 0 && p->cols > 0 && (!p->x || !p->out))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "input or output pointer is NULL");

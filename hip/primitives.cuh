@@ -29,7 +29,6 @@ __device__ __forceinline__ float to_compute(__half v) { return __half2float(v); 
 __device__ __forceinline__ float to_compute(bf16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
 }
-__device__ __forceinline__ float to_compute(uint8_t v) { return static_cast<float>(v); }
 
 template <typename T> __device__ __forceinline__ T from_compute(float v);
 template <> __device__ __forceinline__ float from_compute<float>(float v) { return v; }
