@@ -9,10 +9,9 @@ session. Run through `make gate` (compare) or `make baseline` (save).
 
 import math
 
-import numpy
 import pytest
 
-from pysoftmax import _bench
+from pysoftmax import _bench, _gate
 
 try:
     import cupy
@@ -24,7 +23,7 @@ FORWARD = ["fused", "fused_masked", "online", "naive", "cupy", "torch"]
 BACKWARD = ["backward", "naive_backward", "torch"]
 ROUND_SECONDS = 5e-3  # each round runs this long or more: one synchronisation is then noise
 ROUNDS = 15
-PEERS = ("cupy", "torch")
+PEERS = _gate.PEERS  # timed call by call and not gated
 # pysoftmax's calls are timed as CUDA graphs: on small shapes the host's time per call (10-30 us,
 # bimodal on a shared machine: 60-70% apart between two runs of the suite on the H200) would be
 # measured instead of the kernels. A graph holds about GRAPH_SECONDS of work at NOMINAL_BYTES_PER_S

@@ -184,11 +184,26 @@ def _check_same(a, b):
         raise TypeError(f"{b.name}: dtype {b.dtype} does not match {a.name}.dtype {a.dtype}")
 
 
+def _elements_may_share_memory(a):
+    """Whether two elements of `a` can share bytes: its axes, sorted by stride, must each step
+    past everything the shorter-strided ones span (a broadcast view, stride 0, never does)."""
+    reach = a.dtype.itemsize
+    for stride, n in sorted((abs(s), n) for n, s in zip(a.shape, a.strides) if n > 1):
+        if stride < reach:
+            return True
+        reach += stride * (n - 1)
+    return False
+
+
 def _check_out(out, inputs):
-    """`out` must be writable; it may be one of the inputs exactly (in place) but must not partly
-    overlap any (judged by byte ranges, so interleaved views are refused too)."""
+    """`out` must be writable and its elements distinct (the kernels write them concurrently); it
+    may be one of the inputs exactly (in place) but must not partly overlap any (judged by byte
+    ranges, so interleaved views are refused too)."""
     if out.readonly:
         raise ValueError("out: is read-only (its __cuda_array_interface__ says so)")
+    if _elements_may_share_memory(out):
+        raise ValueError(f"out: strides {out.strides} for shape {out.shape} make elements share memory "
+                         "(a broadcast view?); expected an array whose elements are distinct")
     lo, hi = out.extent()
     for a in inputs:
         if a.size == 0 or out.size == 0:

@@ -4,7 +4,6 @@ GPU tests carry the `gpu` marker and skip with one reason when no usable GPU (or
 present; CPU tests always run.
 """
 
-import numpy
 import pytest
 
 try:

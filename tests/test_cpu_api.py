@@ -21,10 +21,7 @@ import pytest
 import pysoftmax
 from pysoftmax import _lib, _ops
 
-try:
-    from tests.conftest import HAS_GPU
-except ImportError:  # tests/ is not a package: pytest puts tests/ itself on sys.path
-    from conftest import HAS_GPU
+from conftest import HAS_GPU  # tests/ is not a package: pytest puts tests/ itself on sys.path
 
 try:
     import cupy
@@ -414,6 +411,14 @@ def test_out_same_pointer_other_strides(no_gpu, name):
     out = fake((4, 8), ptr=x.ptr)  # contiguous: rows 1..3 land inside x's padded rows
     with pytest.raises(ValueError, match=rf"^out: overlaps {first_arg(name)}"):
         call(name, x, out=out)
+
+
+@pytest.mark.parametrize("strides", [(0, 4), (4, 4), (16, 2)])
+@pytest.mark.parametrize("name", ALL)
+def test_out_elements_share_memory(no_gpu, name, strides):
+    """A broadcast or self-overlapping out would be written by several threads at once."""
+    with pytest.raises(ValueError, match=r"^out: strides .* make elements share memory"):
+        call(name, fake((4, 8)), out=fake((4, 8), strides=strides))
 
 
 @pytest.mark.parametrize("name", BACKWARD)

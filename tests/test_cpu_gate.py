@@ -42,23 +42,14 @@ def _baseline(tmp_path, suite, factor, gpu=GPU, only=None):
     path = tmp_path / f"baseline-{factor}-{gpu.replace(' ', '_')}.json"
     assert _gate.save(str(path), suite=suite, timer="--benchmark-timer=fakeclock.tick") == 0
     data = json.loads(path.read_text())
-    for b in data["benchmarks"]:
-        if only and only not in b["name"]:
-            continue
-        for k, v in b["stats"].items():
-            if k in ("rounds", "iterations", "outliers", "ops", "iqr_outliers", "stddev_outliers"):
-                continue
-            if isinstance(v, float):
-                b["stats"][k] = v * factor
-        if "data" in b["stats"]:
-            b["stats"]["data"] = [x * factor for x in b["stats"]["data"]]
+    assert _gate.scale_times(data, factor, only or "") > 0
     data["machine_info"]["gpu"] = {"name": gpu}
     path.write_text(json.dumps(data))
     return str(path)
 
 
 def _compare(baseline, suite):
-    return _gate.compare(baseline, GPU, suite=suite, threshold="median:10%", timer="--benchmark-timer=fakeclock.tick")
+    return _gate.compare(baseline, GPU, suite=suite, threshold=_gate.THRESHOLD, timer="--benchmark-timer=fakeclock.tick")
 
 
 def test_twenty_percent_slower_fails(tmp_path, suite, capfd):

@@ -18,8 +18,9 @@ NVCC = shutil.which("nvcc")
 def test_plans_cover_rows_and_match_kernel_stages(tmp_path):
     exe = tmp_path / "plan_check"
     src = os.path.join(REPO, "tests", "native", "plan_check.cu")
-    subprocess.run([NVCC, "-O1", "-std=c++17", "--expt-relaxed-constexpr", "-I", os.path.join(REPO, "hip"), src,
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
+    built = subprocess.run([NVCC, "-O1", "-std=c++17", "--expt-relaxed-constexpr", "-I", os.path.join(REPO, "hip"), src,
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-4000:]
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0 and last.endswith("violations=0"), out.stdout[-4000:]

@@ -3,7 +3,7 @@
 import numpy
 import pytest
 
-from _util import DTYPES, TOL, assert_close, assert_grad_close, poisoned, ref_backward, ref_softmax, rng, rounded
+from _util import DTYPES, assert_close, assert_grad_close, poisoned, ref_softmax, rng, rounded
 from _util import to_device, to_host64
 
 pytestmark = pytest.mark.gpu

@@ -9,13 +9,17 @@ are not gated, see pysoftmax/_gate.py); --all includes them.
 
 import argparse
 import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pysoftmax import _gate  # noqa: E402
 
 
 def stats(path, stat, gated):
     with open(path) as f:
         data = json.load(f)["benchmarks"]
-    peer = lambda name: "torch" in name or "cupy" in name
-    return {b["fullname"]: b["stats"][stat] for b in data if not (gated and peer(b["name"]))}
+    return {b["fullname"]: b["stats"][stat] for b in data if not (gated and _gate.is_peer(b["name"]))}
 
 
 def spread(a, b, stat, gated=True):
@@ -36,7 +40,8 @@ def main(argv=None):
         absd, signed = spread(args.run1, args.run2, stat, not args.all)
         pick = lambda q: absd[min(len(absd) - 1, int(q * len(absd)))]
         print(f"{stat}: {len(absd)} benchmarks; |difference| p50 {pick(0.5):.2f}%  p90 {pick(0.9):.2f}%  "
-              f"p99 {pick(0.99):.2f}%  max {absd[-1]:.2f}%; over 10%: {sum(d > 10 for d in absd)}")
+              f"p99 {pick(0.99):.2f}%  max {absd[-1]:.2f}%; "
+              f"over {_gate.THRESHOLD_PERCENT}%: {sum(d > _gate.THRESHOLD_PERCENT for d in absd)}")
         for d, k in signed[:6]:
             print(f"  {d:+6.2f}%  {k.split('::')[-1]}")
 
