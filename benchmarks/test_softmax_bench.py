@@ -55,7 +55,7 @@ class _Inputs:
             nbytes = math.prod(shape) * (4 if dtype == "float32" else 2)
             l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
             copies = max(1, math.ceil(3 * l2 / nbytes))  # rotate through > 3x L2 of inputs
-            cls.sets = [[_bench._make(cupy, shape, dtype, None) for _ in range(arrays)] for _ in range(copies)]
+            cls.sets = [[_bench._make(cupy, shape, dtype) for _ in range(arrays)] for _ in range(copies)]
             cls.key = key
         return cls.sets
 

@@ -2,9 +2,9 @@
 
     python3 tools/profile_attention.py KIND:S [DTYPE]
 
-KIND is plain, pad ([B,1,1,S] boolean padding mask), causal, or both (mask and causal); S is 1024,
-4096 or 8192 (the shapes [8,32,1024,1024], [2,16,4096,4096], [1,8,8192,8192]); DTYPE defaults to
-float16. docs/NOTES.md §6 came from it under Nsight Compute on the H200:
+KIND is plain, pad ([B,1,1,S] boolean padding mask), causal, or both (mask and causal); S picks a
+shape of pysoftmax._bench.ATTENTION_SHAPES (1024: [8,32,1024,1024], 4096: [2,16,4096,4096],
+8192: [1,8,8192,8192], 128: [64,16,128,128]); DTYPE defaults to float16. docs/NOTES.md §6 came from it under Nsight Compute on the H200:
 
     ncu -k regex:rows_ -c 1 -s 2 --metrics smsp__inst_executed.sum,gpu__time_duration.sum,\\
         launch__registers_per_thread python3 tools/profile_attention.py both:4096
@@ -22,14 +22,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pysoftmax  # noqa: E402
 from pysoftmax import _bench  # noqa: E402
 
-SHAPES = {"1024": (8, 32, 1024), "4096": (2, 16, 4096), "8192": (1, 8, 8192)}
+SHAPES = {str(s): (b, h, s) for b, h, s in _bench.ATTENTION_SHAPES}  # "1024" -> (8, 32, 1024), ...
 
 
 def main():
     kind, size = sys.argv[1].split(":")
     dtype = sys.argv[2] if len(sys.argv) > 2 else "float16"
     b, h, s = SHAPES[size]
-    x = _bench._make(cupy, (b, h, s, s), dtype, None)
+    x = _bench._make(cupy, (b, h, s, s), dtype)
     y = cupy.empty_like(x)
     keep = cupy.random.random((b, 1, 1, s)) > 0.1
     call = {

@@ -39,9 +39,9 @@ def main(argv=None):
             item = cupy.dtype(dtype).itemsize
             for cols in map(int, args.cols.split(",")):
                 rows = max(1, args.bytes // (cols * item))
-                x = _bench._make(cupy, (rows, cols), dtype, None)
+                x = _bench._make(cupy, (rows, cols), dtype)
                 y = cupy.empty_like(x)
-                dy = _bench._make(cupy, (rows, cols), dtype, None) if direction == "bwd" else None
+                dy = _bench._make(cupy, (rows, cols), dtype) if direction == "bwd" else None
                 nbytes = (3 if dy is not None else 2) * x.nbytes
                 auto = _ops.plan((rows, cols), dtype, direction="forward" if dy is None else "backward")
                 cells = []
