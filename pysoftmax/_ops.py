@@ -366,6 +366,9 @@ def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family,
 
 _fast_local = threading.local()
 _FAST_CACHE_MAX = 256
+# Bytes of the kernels' vector access (kPackBytes, hip/kernels.cuh): pointers aligned to it take
+# another plan than the others, so the fast path's cache keys on it.
+_PACK_BYTES = 16
 
 
 def _fast_code(a):
@@ -401,7 +404,7 @@ def _fast(direction, algo, inputs, out, scale, causal):
     else:
         out = cupy.empty(shape, dtype=dtype)
         optr = out.data.ptr
-    aligned = not (optr | ptrs[0] | (ptrs[1] if len(ptrs) > 1 else 0)) % 16
+    aligned = not (optr | ptrs[0] | (ptrs[1] if len(ptrs) > 1 else 0)) % _PACK_BYTES
     cache = getattr(_fast_local, "cache", None)
     if cache is None:
         cache = _fast_local.cache = {}
