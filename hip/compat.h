@@ -9,6 +9,7 @@
 //   warp_shfl_xor(v, lane_mask, width)   butterfly exchange inside groups of `width` lanes.
 //   bf16_round(v)           float to bfloat16 bits, round to nearest even, NaN kept NaN: one
 //               instruction where the hardware has it (sm_80+), the bit arithmetic elsewhere.
+//   bf16x2_round(lo, hi)   two of them packed in one word, one instruction on sm_80+.
 //   store_16(gmem, value)   one 16-byte store to global memory that the compiler cannot split.
 //   copy_async_16(smem, gmem) / copy_async_wait() / copy_async_reuse_fence()
 //               a 16-byte copy from global to shared memory that runs while the thread goes on
@@ -88,6 +89,17 @@ __device__ __forceinline__ uint16_t bf16_round(float v) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
   return static_cast<uint16_t>(u >> 16);
+#endif
+}
+
+// Two floats to bfloat16 bits in one word (lo in bits 0..15), rounded like bf16_round.
+__device__ __forceinline__ uint32_t bf16x2_round(float lo, float hi) {
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint32_t>(bf16_round(lo)) | static_cast<uint32_t>(bf16_round(hi)) << 16;
 #endif
 }
 

@@ -5,6 +5,8 @@
 //   naive   rows_naive: max, sum, normalise, one block per row
 // Reads x (and the mask) and writes out once, except rows_stream (x twice) and rows_naive (x
 // three times). All launches go on `stream`.
+#include <limits>
+
 #include "dispatch.cuh"
 #include "entry.h"
 
@@ -32,6 +34,7 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
   op->y_stride = p.out_row_stride;
   op->cols = p.cols;
   op->scale = static_cast<C>(p.scale);
+  op->exp_k = exp_factor<C>(ForwardOp<T, kMask>::kFoldsScale ? p.scale : 1.0);
   if (p.causal_queries < 0 || (p.causal_queries > 0 && p.rows % p.causal_queries != 0))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "causal_queries=%lld must be 0 or divide rows=%lld",
                 static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
@@ -101,11 +104,13 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
   if (plan.family == kNaiveFamily) {
-    if constexpr (Op::kMasked) {
+    if constexpr (kMask == kBoolMask) {
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
-      return pack > 1 ? launch(rows_naive<T, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
-                      : launch(rows_naive<T, 1>, "rows_naive", plan, stream, op, p.rows);
+      if (op.mask || op.causal_queries)
+        return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
+      return pack > 1 ? launch(rows_naive<Op, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
+                      : launch(rows_naive<Op, 1>, "rows_naive", plan, stream, op, p.rows);
     }
   }
   return launch_plan(op, p.rows, plan, stream, p.workspace);
@@ -121,11 +126,15 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
     if (mode == EntryMode::kDescribe) snprintf(q->text, static_cast<size_t>(q->text_len), "family=none (empty)");
     return SOFTMAX_OK;
   }
-  // Masks and causal limits select the loader that has them compiled in (ForwardOp's MaskKind).
+  // Masks and causal limits select the loader that has them compiled in, and the scale whether it
+  // can be folded into the exponent (ForwardOp's MaskKind).
   const bool has_mask = p->mask && p->mask_dtype != SOFTMAX_NONE;
   return with_dtype(p->dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (has_mask && p->mask_dtype != SOFTMAX_BOOL) return forward_typed<T, kAddMask>(*p, stream, mode, q);
+    using C = typename Compute<T>::type;
+    const C k = exp_factor<C>(p->scale);
+    const bool folds = p->scale > 0 && k > C(0) && k <= std::numeric_limits<C>::max();
+    if ((has_mask && p->mask_dtype != SOFTMAX_BOOL) || !folds) return forward_typed<T, kAddMask>(*p, stream, mode, q);
     if (has_mask || p->causal_queries != 0) return forward_typed<T, kBoolMask>(*p, stream, mode, q);
     return forward_typed<T, kNoMask>(*p, stream, mode, q);
   });

@@ -62,12 +62,20 @@ template <typename T> constexpr int max_scalar_items() { return max_items<T>() /
 // The packs one thread walks in one step: pack j starts at column base + (j * width + lane) * kPack,
 // so consecutive threads touch consecutive memory (coalesced). Columns at or past `end` (the row's
 // or the chunk's end) are not this step's: loads pad them, stores skip them.
+// Inside a step, columns are 32-bit offsets from base (a step spans at most a block's share of a
+// row held on chip, or kStreamThreads x stream_unroll packs): the per-pack bound tests and
+// addresses then cost one 32-bit instruction each instead of a 64-bit sequence (H200 SASS: ~9
+// instructions per pack, three times per pack, in the issue-bound 16-bit kernels).
 struct Span {
   int64_t base;
   int lane, width;
   int64_t end;
-  template <int kPack> __device__ __forceinline__ int64_t col(int j) const {
-    return base + (static_cast<int64_t>(j) * width + lane) * kPack;
+  template <int kPack> __device__ __forceinline__ int off(int j) const { return (j * width + lane) * kPack; }
+  template <int kPack> __device__ __forceinline__ int64_t col(int j) const { return base + off<kPack>(j); }
+  // Columns of [base, bound) as a 32-bit count (0 if bound <= base; a step never reaches 2^31).
+  __device__ __forceinline__ int local(int64_t bound) const {
+    const int64_t n = bound - base;
+    return n <= 0 ? 0 : n >= INT32_MAX ? INT32_MAX : static_cast<int>(n);
   }
 };
 
@@ -82,11 +90,10 @@ struct Stage {
   __device__ __forceinline__ Stage at(int first_slot) const { return {base, t, threads, first + first_slot}; }
 };
 
-// How many of the kPack columns from c lie below `bound` (0..kPack), as a small int so that the
-// per-element test is one 32-bit compare.
-template <int kPack> __device__ __forceinline__ int inside(int64_t c, int64_t bound) {
-  const int64_t n = bound - c;
-  return n <= 0 ? 0 : n >= kPack ? kPack : static_cast<int>(n);
+// How many of the kPack columns from offset o lie below the local bound `lim` (0..kPack).
+template <int kPack> __device__ __forceinline__ int inside(int o, int lim) {
+  const int n = lim - o;
+  return n <= 0 ? 0 : n >= kPack ? kPack : n;
 }
 
 // Reads kPacks packs of T at the span's columns of `row`, widened to the compute type C, into
@@ -98,20 +105,22 @@ template <int kPack> __device__ __forceinline__ int inside(int64_t c, int64_t bo
 template <typename C, typename T, int kPack, int kPacks>
 __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v,
                                           const Stage* st = nullptr) {
+  const T* p = row + s.base;
+  const int lim = live ? s.local(bound) : 0;
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
-    const int64_t c = s.col<kPack>(j);
-    const int n = live ? inside<kPack>(c, bound) : 0;
+    const int o = s.off<kPack>(j);
+    const int n = inside<kPack>(o, lim);
     // Each path widens its own values: were the raw 16-bit values merged first, every element
     // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
     if (n == kPack && kPack > 1) {
       T raw[kPack];
-      load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : row + c, raw);
+      load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : p + o, raw);
 #pragma unroll
       for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
     } else if (n > 0) {  // a partial pack; whole packs past a causal limit skip even the tests
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = i < n ? static_cast<C>(to_compute(row[c + i])) : C(0);
+      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = i < n ? static_cast<C>(to_compute(p[o + i])) : C(0);
     } else {
 #pragma unroll
       for (int i = 0; i < kPack; ++i) v[j * kPack + i] = C(0);
@@ -123,27 +132,31 @@ __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t b
 template <typename T, int kPack, int kPacks>
 __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
   if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
+    const T* p = row + s.base;
+    const int lim = live ? s.local(bound) : 0;
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int64_t c = s.col<kPack>(j);
-      if (live && inside<kPack>(c, bound) == kPack) copy_async_16(st.slot(j), row + c);
+      const int o = s.off<kPack>(j);
+      if (inside<kPack>(o, lim) == kPack) copy_async_16(st.slot(j), p + o);
     }
   }
 }
 
 // Writes the span's packs of `row` (columns below s.end only).
 template <typename T, int kPack, int kPacks>
-__device__ __forceinline__ void store_span(T* row, const Span& s, const T (&out)[kPacks][kPack]) {
+__device__ __forceinline__ void store_span(T* row, const Span& s, const Narrowed<T, kPack> (&out)[kPacks]) {
+  T* p = row + s.base;
+  const int lim = s.local(s.end);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
-    const int64_t c = s.col<kPack>(j);
-    const int n = inside<kPack>(c, s.end);
+    const int o = s.off<kPack>(j);
+    const int n = inside<kPack>(o, lim);
     if (n == kPack && kPack > 1) {
-      store_pack<T, kPack>(row + c, out[j]);
+      store_pack<T, kPack>(p + o, out[j]);
     } else {
 #pragma unroll
       for (int i = 0; i < kPack; ++i)
-        if (i < n) row[c + i] = out[j][i];
+        if (i < n) p[o + i] = out[j].v[i];
     }
   }
 }
@@ -153,10 +166,14 @@ __device__ __forceinline__ void store_span(T* row, const Span& s, const T (&out)
 
 // The mask a ForwardOp instantiation reads: each kind is its own set of kernels, because the code
 // of a kind costs registers and bandwidth even where it is never executed (see the top).
+// The first two fold the scale into the exponent (exp(scale * (x - max)) = exp(x * scale - max(x *
+// scale)) for scale > 0): their loads only widen and mask, one multiply per element fewer in
+// kernels bound by the instructions they issue. A scale that cannot be folded (<= 0, or one
+// whose factor overflows) takes the third kind, which applies it on load.
 enum MaskKind {
-  kNoMask = 0,    // plain softmax(x * scale)
-  kBoolMask = 1,  // a boolean mask (True keeps), or none; with or without causal
-  kAddMask = 2,   // an additive float mask of any float dtype; with or without causal
+  kNoMask = 0,    // plain softmax(x * scale), scale folded
+  kBoolMask = 1,  // a boolean mask (True keeps), or none; with or without causal; scale folded
+  kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
 };
 
 // Division of a row index by a mask or causal extent: 32-bit where the index fits, which is
@@ -179,7 +196,7 @@ template <typename T, int kMask> struct ForwardOp {
   using C = typename Compute<T>::type;
   using Item = C;
   using Stat = MaxSum<C>;
-  using Merge = MergeMaxSum;
+  static constexpr bool kFoldsScale = kMask != kAddMask;
   // Arrays read per column, for register budgets: the mask counts as a second one.
   static constexpr int kInputs = kMasked ? 2 : 1;
   // Packs staged per pack of the row: x. Which families stage it (H200): masked rows_warp and
@@ -198,7 +215,8 @@ template <typename T, int kMask> struct ForwardOp {
   const T* x;
   T* y;
   int64_t x_stride, y_stride, cols;
-  C scale;
+  C scale;  // applied on load (kAddMask only)
+  C exp_k;  // the exponent's factor: exp_factor(scale) where folded, exp_factor(1) otherwise
   int64_t causal_queries;
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
   int mask_dtype, mask_ndim;
@@ -248,29 +266,23 @@ template <typename T, int kMask> struct ForwardOp {
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
 
-  // Bit i set where column c + i of this row's boolean mask is True (i < n, the columns of the
-  // pack that are read). Whole aligned packs are read as 32-bit words and tested bytewise in
-  // integer arithmetic: converting each byte to a float to compare it cost a quarter-rate
-  // conversion per element.
+  // Whether column c + i of this row's boolean mask is True, for i < n (the columns of the pack
+  // that are read; false past them). Whole aligned packs read their bytes as 32-bit words, and
+  // each column is then one test of its byte (a LOP3 setting a predicate), with no branch on the
+  // pack's contents: random masks made warps diverge on such a branch and run both paths.
   template <int kPack>
-  __device__ __forceinline__ uint32_t bool_mask_bits(const Row& w, int64_t c, int n) const {
+  __device__ __forceinline__ void bool_mask_keep(const Row& w, int64_t c, int n, bool* keep) const {
     if constexpr (kPack >= 4) {
       if (mask_vec && n == kPack) {
         uint32_t words[kPack / 4];
         load_pack<uint32_t, kPack / 4>(reinterpret_cast<const uint32_t*>(w.mask + c), words);
-        uint32_t bits = 0;
 #pragma unroll
-        for (int k = 0; k < kPack / 4; ++k) bits |= nonzero_byte_bits(words[k]) << (4 * k);
-        return bits;
+        for (int i = 0; i < kPack; ++i) keep[i] = (words[i / 4] & (0xffu << (8 * (i % 4)))) != 0;
+        return;
       }
     }
-    uint32_t bits = 0;
-    if (n > 0) {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i)
-        if (i < n && w.mask[(c + i) * mask_col_stride] != 0) bits |= 1u << i;
-    }
-    return bits;
+    for (int i = 0; i < kPack; ++i) keep[i] = i < n && w.mask[(c + i) * mask_col_stride] != 0;
   }
 
   // The additive mask's values for the first n columns of the pack at c (0 elsewhere).
@@ -302,48 +314,61 @@ template <typename T, int kMask> struct ForwardOp {
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
     load_span<C, T, kPack, kPacks>(w.x, s, bound, live, v, st);
-    // Per pack: which columns are kept (read, inside the causal limit, True in a boolean mask)
-    // as one bit each, then one select per element; the mask is read a pack at a time (masks
-    // are mostly broadcast rows served from cache, and holding them for every pack would double
-    // the registers the row needs).
+    // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
+    // the others, and the boolean mask's False columns, become the pad. The mask is read a pack
+    // at a time (masks are mostly broadcast rows served from cache, and holding them for every
+    // pack would double the registers the row needs).
+    const int lim = live ? s.local(bound) : 0;
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
+      const int n = inside<kPack>(s.off<kPack>(j), lim);
       const int64_t c = s.col<kPack>(j);
-      const int n = live ? inside<kPack>(c, bound) : 0;
-      uint32_t keep = 0;  // bit i: column i of the pack is kept
+      C* x = v + j * kPack;
+      if constexpr (kMasked) {
+        if (n == 0) {  // past the causal limit (half of a causal row), or a dead row: no mask read
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = pad();
+          continue;
+        }
+        if (mask && (kMask == kBoolMask || mask_dtype == SOFTMAX_BOOL)) {
+          bool keep[kPack];
+          bool_mask_keep<kPack>(w, c, n, keep);
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = keep[i] ? scaled(x[i], C(0)) : pad();
+          continue;
+        }
+      }
       C add[kPack] = {};
-      if constexpr (kMask == kBoolMask) {
-        keep = mask ? bool_mask_bits<kPack>(w, c, n) : (1u << n) - 1u;
-      } else if constexpr (kMask == kAddMask) {
-        switch (mask_dtype) {
+      if constexpr (kMask == kAddMask) {
+        switch (mask ? mask_dtype : SOFTMAX_NONE) {
+        case SOFTMAX_NONE: break;
         case SOFTMAX_FLOAT16: add_mask_values<__half, kPack>(w, c, n, add); break;
         case SOFTMAX_BFLOAT16: add_mask_values<bf16_t, kPack>(w, c, n, add); break;
         case SOFTMAX_FLOAT32: add_mask_values<float, kPack>(w, c, n, add); break;
         default: add_mask_values<double, kPack>(w, c, n, add); break;
         }
       }
-      // The common case, a whole pack kept, takes no per-element test.
-      if (kMask != kBoolMask) keep = (1u << n) - 1u;
-      if (keep == (1u << kPack) - 1u) {
+      // A whole pack, the common case, takes no per-element test (and, folded, no instruction).
+      if (n == kPack) {
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) v[j * kPack + i] = v[j * kPack + i] * scale + add[i];
+        for (int i = 0; i < kPack; ++i) x[i] = scaled(x[i], add[i]);
       } else {
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) {
-          C& x = v[j * kPack + i];
-          x = (keep >> i) & 1u ? x * scale + add[i] : pad();
-        }
+        for (int i = 0; i < kPack; ++i) x[i] = i < n ? scaled(x[i], add[i]) : pad();
       }
     }
   }
 
+  // A loaded logit as the exponent sees it: as is where the scale is folded, else x * scale + add.
+  __device__ __forceinline__ C scaled(C x, C add) const { return kFoldsScale ? x : x * scale + add; }
+  __device__ __forceinline__ C exp_of(C v, C ref) const { return exp_sub(v, ref, exp_k); }
+  __device__ __forceinline__ MergeMaxSum<C> merge() const { return {exp_k}; }
+
   template <int kPack, int kPacks>
   __device__ __forceinline__ void store(const Row& w, const Span& s, const C* v) const {
-    T out[kPacks][kPack];
+    Narrowed<T, kPack> out[kPacks];
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j)
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) out[j][i] = from_compute<T>(v[j * kPack + i]);
+    for (int j = 0; j < kPacks; ++j) narrow<T, kPack>(v + j * kPack, out[j]);
     store_span<T, kPack, kPacks>(w.y, s, out);
   }
 
@@ -352,7 +377,7 @@ template <typename T, int kMask> struct ForwardOp {
   __device__ __forceinline__ void finish(C* v, Reduce reduce) const {
     const C ref = safe_ref(reduce(tree_reduce<N>(v, MaxOp()), MaxOp()));
 #pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = exp_sub(v[i], ref);
+    for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], ref);
     const C inv = safe_inverse(reduce(tree_reduce<N>(v, SumOp()), SumOp()));
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] *= inv;
@@ -365,8 +390,8 @@ template <typename T, int kMask> struct ForwardOp {
     const C ref = safe_ref(m);
     C e[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) e[i] = exp_sub(v[i], ref);
-    st = {m, st.s * exp_sub(st.m, ref) + tree_reduce<N>(e, SumOp())};
+    for (int i = 0; i < N; ++i) e[i] = exp_of(v[i], ref);
+    st = {m, st.s * exp_of(st.m, ref) + tree_reduce<N>(e, SumOp())};
   }
   struct Final {
     C ref, inv;
@@ -374,7 +399,7 @@ template <typename T, int kMask> struct ForwardOp {
   static __device__ __forceinline__ Final finalize(Stat st) { return {safe_ref(st.m), safe_inverse(st.s)}; }
   template <int N> __device__ __forceinline__ void apply(C* v, Final f) const {
 #pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = exp_sub(v[i], f.ref) * f.inv;
+    for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], f.ref) * f.inv;
   }
 };
 
@@ -390,7 +415,6 @@ template <typename T> struct BackwardOp {
   using C = typename Compute<T>::type;
   using Item = GradItem<C>;
   using Stat = C;
-  using Merge = SumOp;
   static constexpr int kInputs = 2;  // y and dy
   static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
   static constexpr bool kStageWarp = true, kStageBlock = true, kStageStream = true;
@@ -416,6 +440,7 @@ template <typename T> struct BackwardOp {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
   __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
+  __device__ __forceinline__ SumOp merge() const { return {}; }
 
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
@@ -435,11 +460,14 @@ template <typename T> struct BackwardOp {
 
   template <int kPack, int kPacks>
   __device__ __forceinline__ void store(const Row& w, const Span& s, const Item* v) const {
-    T out[kPacks][kPack];
+    Narrowed<T, kPack> out[kPacks];
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j)
+    for (int j = 0; j < kPacks; ++j) {
+      C dx[kPack];
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) out[j][i] = from_compute<T>(v[j * kPack + i].y);
+      for (int i = 0; i < kPack; ++i) dx[i] = v[j * kPack + i].y;
+      narrow<T, kPack>(dx, out[j]);
+    }
     store_span<T, kPack, kPacks>(w.dx, s, out);
   }
 
@@ -633,7 +661,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
       pass(w, begin, end, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
-      st = block_all_reduce(st, typename Op::Merge(), scratch);
+      st = block_all_reduce(st, op.merge(), scratch);
       if (phase == kStreamStats) {
         if (threadIdx.x == 0) ws[id] = st;
         continue;
@@ -641,8 +669,8 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       fin = Op::finalize(st);
     } else {
       Stat st = Op::stat_init();
-      for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = typename Op::Merge()(st, ws[r * chunks + k]);
-      fin = Op::finalize(block_all_reduce(st, typename Op::Merge(), scratch));
+      for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = op.merge()(st, ws[r * chunks + k]);
+      fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
     }
     pass(w, begin, end, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
@@ -655,16 +683,14 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
 // rows_naive: the textbook safe softmax, one block per row: max, then sum of exp, then normalise,
 // each pass reading the row from global memory.
 
-// (HIP's __launch_bounds__ is a macro: a template argument list with a comma cannot appear in it.)
-template <typename T> using PlainForward = ForwardOp<T, kNoMask>;
-
-template <typename T, int kPack>
-__global__ void __launch_bounds__(kStreamThreads, PlainForward<T>::kStreamMinBlocks) rows_naive(const PlainForward<T> op, int64_t rows) {
-  using C = typename Compute<T>::type;
+// Op is a ForwardOp without mask or causal limit (kNoMask, or kAddMask for an unfoldable scale).
+template <typename Op, int kPack>
+__global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_naive(const Op op, int64_t rows) {
+  using C = typename Op::C;
   __shared__ C scratch[kMaxWarpsPerBlock];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const typename PlainForward<T>::Row w = op.row(r);
+    const typename Op::Row w = op.row(r);
     C v[kPack];
     C m = neg_inf<C>();
     for (int64_t base = 0; base < op.cols; base += stride) {
@@ -676,9 +702,9 @@ __global__ void __launch_bounds__(kStreamThreads, PlainForward<T>::kStreamMinBlo
     for (int64_t base = 0; base < op.cols; base += stride) {
       op.template load<kPack, 1>(w, Span{base, static_cast<int>(threadIdx.x), 0, op.cols}, true, v);
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) s += exp_sub(v[i], ref);
+      for (int i = 0; i < kPack; ++i) s += op.exp_of(v[i], ref);
     }
-    const typename PlainForward<T>::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
+    const typename Op::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
     for (int64_t base = 0; base < op.cols; base += stride) {
       const Span span{base, static_cast<int>(threadIdx.x), 0, op.cols};
       op.template load<kPack, 1>(w, span, true, v);

@@ -11,6 +11,8 @@
 // must be reached by all threads of the block and may be called back to back with the same scratch.
 #pragma once
 
+#include <type_traits>
+
 #include "compat.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -39,26 +41,20 @@ template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) { re
 template <typename T> __device__ __forceinline__ T from_compute(double v);
 template <> __device__ __forceinline__ double from_compute<double>(double v) { return v; }
 
-// Bits 0..3 set where bytes 0..3 of w are nonzero, in integer arithmetic only: adding 0x7f to
-// a byte's low 7 bits carries into its top bit iff they are nonzero, and the multiply gathers
-// the four top bits (7, 15, 23, 31, shifted to 0, 8, 16, 24) into bits 21..24 without carries.
-__device__ __forceinline__ uint32_t nonzero_byte_bits(uint32_t w) {
-  const uint32_t top = (((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u;
-  return (((top >> 7) * 0x00204081u) >> 21) & 0xfu;
-}
-
 template <typename C> __device__ __forceinline__ C neg_inf();
 template <> __device__ __forceinline__ float neg_inf<float>() { return -__int_as_float(0x7f800000); }
 template <> __device__ __forceinline__ double neg_inf<double>() {
   return -__longlong_as_double(0x7ff0000000000000ll);
 }
 
-// exp(v - m). float goes through exp2 so the argument costs one subtract and one multiply; the
-// subtract comes first so that huge logits close to the max keep their precision.
-__device__ __forceinline__ float exp_sub(float v, float m) {
-  return exp2_approx((v - m) * 1.4426950408889634f);
+// exp(k * (v - m)) with k the exponent's factor from exp_factor(): for float, exp2 with log2(e)
+// folded into k, so the argument costs one subtract and one multiply; the subtract comes first so
+// that huge logits close to the max keep their precision.
+template <typename C> inline C exp_factor(double scale) {
+  return static_cast<C>(sizeof(C) == 8 ? scale : scale * 1.4426950408889634);
 }
-__device__ __forceinline__ double exp_sub(double v, double m) { return exp(v - m); }
+__device__ __forceinline__ float exp_sub(float v, float m, float k) { return exp2_approx((v - m) * k); }
+__device__ __forceinline__ double exp_sub(double v, double m, double k) { return exp((v - m) * k); }
 
 // ---------------------------------------------------------------------------------------------
 // Vector packs: N elements of T as one access of N * sizeof(T) bytes (the caller guarantees the
@@ -75,18 +71,40 @@ __device__ __forceinline__ void load_pack(const T* p, T (&dst)[N]) {
   for (int i = 0; i < N; ++i) dst[i] = pk.v[i];
 }
 
-template <typename T, int N>
-__device__ __forceinline__ void store_pack(T* p, const T (&src)[N]) {
-  union {
-    Pack<T, N> pk;
-    uint4 bits;
-  } u;
+// N results narrowed to T, held as the words a vector store writes. 16-bit types convert in
+// pairs: one paired conversion fills a word, where converting one by one took two conversions
+// and a PRMT to merge them (H200 SASS of the 16-bit stores).
+template <typename T, int N> union Narrowed {
+  T v[N];
+  uint32_t words[(N * sizeof(T) + 3) / 4];
+};
+
+template <typename T, int N, typename C> __device__ __forceinline__ void narrow(const C* v, Narrowed<T, N>& out) {
+  if constexpr ((std::is_same<T, __half>::value || std::is_same<T, bf16_t>::value) && N % 2 == 0) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) u.pk.v[i] = src[i];
-  if constexpr (sizeof(Pack<T, N>) == sizeof(uint4)) {
-    store_16(p, u.bits);
+    for (int i = 0; i < N; i += 2) {
+      if constexpr (std::is_same<T, __half>::value) {
+        const __half2 h = __floats2half2_rn(v[i], v[i + 1]);
+        out.words[i / 2] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        out.words[i / 2] = bf16x2_round(v[i], v[i + 1]);
+      }
+    }
   } else {
-    *reinterpret_cast<Pack<T, N>*>(p) = u.pk;
+#pragma unroll
+    for (int i = 0; i < N; ++i) out.v[i] = from_compute<T>(v[i]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* p, const Narrowed<T, N>& src) {
+  if constexpr (sizeof(T) * N == sizeof(uint4)) {
+    store_16(p, make_uint4(src.words[0], src.words[1], src.words[2], src.words[3]));
+  } else {
+    Pack<T, N> pk;
+#pragma unroll
+    for (int i = 0; i < N; ++i) pk.v[i] = src.v[i];
+    *reinterpret_cast<Pack<T, N>*>(p) = pk;
   }
 }
 
@@ -95,12 +113,15 @@ __device__ __forceinline__ void store_pack(T* p, const T (&src)[N]) {
 
 // fmax semantics: a NaN operand loses unless both are NaN (softmax still turns a NaN row into
 // NaN, through the sum). One instruction, where a compare-and-select would take three.
+// Each op also names its identity, which pads the lanes of a block reduction's last step.
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
   __device__ __forceinline__ double operator()(double a, double b) const { return fmax(a, b); }
+  template <typename V> __device__ __forceinline__ V identity() const { return neg_inf<V>(); }
 };
 struct SumOp {
   template <typename V> __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+  template <typename V> __device__ __forceinline__ V identity() const { return V(0); }
 };
 
 // Running softmax normaliser: m = max seen, s = sum of exp(v - m) over the values seen.
@@ -112,13 +133,15 @@ template <typename C> struct MaxSum {
 // is 0, so that exp(-inf - ref) is 0 and never exp(-inf + inf) = NaN.
 template <typename C> __device__ __forceinline__ C safe_ref(C m) { return m == neg_inf<C>() ? C(0) : m; }
 
-struct MergeMaxSum {
-  template <typename C>
+// The merge of two pairs; k is the exponent's factor the sums were taken with.
+template <typename C> struct MergeMaxSum {
+  C k;
   __device__ __forceinline__ MaxSum<C> operator()(MaxSum<C> a, MaxSum<C> b) const {
     const C m = MaxOp()(a.m, b.m);
     const C ref = safe_ref(m);
-    return {m, a.s * exp_sub(a.m, ref) + b.s * exp_sub(b.m, ref)};
+    return {m, a.s * exp_sub(a.m, ref, k) + b.s * exp_sub(b.m, ref, k)};
   }
+  template <typename V> __device__ __forceinline__ V identity() const { return {neg_inf<C>(), C(0)}; }
 };
 
 // Reduction of N register values as a balanced tree: log2(N) dependent steps instead of N - 1,
@@ -166,8 +189,13 @@ __device__ __forceinline__ V block_all_reduce(V v, Op op, V* scratch) {
   const int nwarps = (blockDim.x + kWarpSize - 1) / kWarpSize;
   if (threadIdx.x % kWarpSize == 0) scratch[warp] = v;
   __syncthreads();
-  V r = scratch[0];
-  for (int w = 1; w < nwarps; ++w) r = op(r, scratch[w]);
+  // Every group of kMaxGroup lanes reduces the partials (the identity past the last warp's) by
+  // exchanges: a dozen instructions per thread whatever the block size, where each thread reading
+  // every partial took ~20 at 4 warps and ~75 at 32 (H200 SASS).
+  static_assert(kMaxBlockThreads / kWarpSize <= kMaxGroup, "a block's warps must fit one group");
+  const int lane = threadIdx.x % kMaxGroup;
+  V r = lane < nwarps ? scratch[lane] : op.template identity<V>();
+  r = group_all_reduce<kMaxGroup>(r, op);
   __syncthreads();
   return r;
 }

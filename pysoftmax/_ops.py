@@ -558,6 +558,7 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.algo = {"fused": _lib.ALGO_FUSED, "online": _lib.ALGO_ONLINE, "naive": _lib.ALGO_NAIVE}[algo]
     p.dtype = _DTYPES[numpy.dtype(dtype).name]
     p.rows, p.cols = rows, cols
+    p.scale = 1.0  # a scale the forward folds into its exponent, as fused() passes by default
     base = 1 << 20 if aligned else (1 << 20) + 2  # never dereferenced: only alignment is read
     p.x = p.dy = p.out = base
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols

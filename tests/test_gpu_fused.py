@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 try:
     import cupy
     import pysoftmax
-    from pysoftmax import _ops
+    from pysoftmax import _lib, _ops
 except ImportError:  # pragma: no cover
     pass
 
@@ -111,6 +111,36 @@ def test_causal_with_padding_and_fully_masked_rows(dtype):
     ref = ref_softmax(x64, 0.3, pad, causal=True)
     assert numpy.all(y[2] == 0) and numpy.all(y[1, :, :4] == 0)
     assert_close(y, ref, dtype, f"seed={g.seed}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [0.37, -0.8, 0.0])
+@pytest.mark.parametrize("k", [8, 67, 1024, 1500, 40000])
+def test_scale_folded_and_not(k, scale, dtype):
+    """A positive scale is folded into the exponent; zero and negative ones are applied on load by
+    the general loader (hip/kernels.cuh, MaskKind). Both, with every mask kind, in every family."""
+    g = rng()
+    x64 = rounded(g.standard_normal((2, 3, k)) * 3, dtype)
+    pad = g.random((2, 1, k)) > 0.3
+    pad[1, 0] = False  # a fully masked row: zeros, whatever the scale
+    add = rounded(g.standard_normal((3, k)), "float32")
+    for mask_host, mask, causal in ((None, None, False), (None, None, True), (pad, cupy.asarray(pad), True),
+                                    (add, cupy.asarray(add, dtype=cupy.float32), False)):
+        what = f"scale={scale} k={k} mask={None if mask is None else mask.dtype} causal={causal} seed={g.seed}"
+        y = pysoftmax.fused(to_device(x64, dtype), scale=scale, mask=mask, causal=causal, out=poisoned(x64.shape, dtype))
+        assert_close(to_host64(y), ref_softmax(x64, scale, mask_host, causal=causal), dtype, what)
+    for algo in (_lib.ALGO_ONLINE, _lib.ALGO_NAIVE):  # the C API takes a scale for these too
+        y = _ops.forward(to_device(x64, dtype), algo=algo, scale=scale, out=poisoned(x64.shape, dtype))
+        assert_close(to_host64(y), ref_softmax(x64, scale), dtype, f"algo={algo} scale={scale} seed={g.seed}")
+
+
+def test_scale_whose_exponent_factor_overflows():
+    """scale * log2(e) past float32's range cannot be folded: it is applied on load instead."""
+    g = rng()
+    x64 = rounded(g.standard_normal((4, 300)) * 1e-37, "float32")
+    scale = 3e38
+    y = pysoftmax.fused(cupy.asarray(x64, dtype=cupy.float32), scale=scale, out=poisoned(x64.shape, "float32"))
+    assert_close(to_host64(y), ref_softmax(x64, scale), "float32", f"seed={g.seed}")
 
 
 def test_additive_mask_uses_minus_inf():
