@@ -3,13 +3,14 @@
 // An operation is a small struct the families are templated on:
 //   Item                   what one column holds in registers (forward: the logit; backward: y, dy)
 //   row(r)                 per-row pointers and bounds, computed once per row
-//   load<kPack, kPacks>(row, span, live, it)   the packs of a Span (below), already scaled and
-//                          masked; columns past the span's end, and dead rows, become a neutral
-//                          pad (forward -inf, backward 0)
+//   load<kPack, kPacks>(row, span, live, it)   the packs of a Span (below), masked (and scaled
+//                          where the op does not fold the scale into its exponent); columns past
+//                          the span's end, and dead rows, become a neutral pad (forward -inf,
+//                          backward 0)
 //   store<kPack, kPacks>(row, span, it)        the results (only columns inside the span)
 //   finish<N>(it, reduce)  rows held in registers: turn the items into results, reducing with
 //                          `reduce(value, op)` across the threads that share the row
-//   Stat / accumulate / merge / finalize / apply   the same maths streamed over global memory
+//   Stat / accumulate / merge() / finalize / apply   the same maths streamed over global memory
 // ForwardOp carries scale, mask and causal inside load(): "fused" is a loader, not a kernel copy.
 // Its kMasked parameter compiles the mask/causal code in or out: measured on the H200, the mere
 // presence of that code between the loads cost 15-45% of bandwidth on unmasked rows.
@@ -266,23 +267,31 @@ template <typename T, int kMask> struct ForwardOp {
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
 
-  // Whether column c + i of this row's boolean mask is True, for i < n (the columns of the pack
-  // that are read; false past them). Whole aligned packs read their bytes as 32-bit words, and
-  // each column is then one test of its byte (a LOP3 setting a predicate), with no branch on the
-  // pack's contents: random masks made warps diverge on such a branch and run both paths.
+  // The boolean mask applied to the pack at c: columns whose mask byte is 0, and those past the
+  // n read (a causal limit, the row's end; n == 0 past the causal limit, which reads nothing),
+  // become the pad. Whole aligned packs read their bytes as 32-bit words, and each column is one
+  // test of its byte (a LOP3 setting a predicate) and a select, with no branch on the pack's
+  // contents: on random masks such a branch made warps diverge and run both of its paths. Each
+  // path selects on its own predicates: merged first, they outnumbered the predicate registers.
   template <int kPack>
-  __device__ __forceinline__ void bool_mask_keep(const Row& w, int64_t c, int n, bool* keep) const {
+  __device__ __forceinline__ void apply_bool_mask(const Row& w, int64_t c, int n, C* x) const {
     if constexpr (kPack >= 4) {
       if (mask_vec && n == kPack) {
         uint32_t words[kPack / 4];
         load_pack<uint32_t, kPack / 4>(reinterpret_cast<const uint32_t*>(w.mask + c), words);
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) keep[i] = (words[i / 4] & (0xffu << (8 * (i % 4)))) != 0;
+        for (int i = 0; i < kPack; ++i) x[i] = words[i / 4] & (0xffu << (8 * (i % 4))) ? scaled(x[i], C(0)) : pad();
         return;
       }
     }
+    if (n > 0) {
 #pragma unroll
-    for (int i = 0; i < kPack; ++i) keep[i] = i < n && w.mask[(c + i) * mask_col_stride] != 0;
+      for (int i = 0; i < kPack; ++i)
+        x[i] = i < n && w.mask[(c + i) * mask_col_stride] != 0 ? scaled(x[i], C(0)) : pad();
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) x[i] = pad();
+    }
   }
 
   // The additive mask's values for the first n columns of the pack at c (0 elsewhere).
@@ -325,16 +334,8 @@ template <typename T, int kMask> struct ForwardOp {
       const int64_t c = s.col<kPack>(j);
       C* x = v + j * kPack;
       if constexpr (kMasked) {
-        if (n == 0) {  // past the causal limit (half of a causal row), or a dead row: no mask read
-#pragma unroll
-          for (int i = 0; i < kPack; ++i) x[i] = pad();
-          continue;
-        }
         if (mask && (kMask == kBoolMask || mask_dtype == SOFTMAX_BOOL)) {
-          bool keep[kPack];
-          bool_mask_keep<kPack>(w, c, n, keep);
-#pragma unroll
-          for (int i = 0; i < kPack; ++i) x[i] = keep[i] ? scaled(x[i], C(0)) : pad();
+          apply_bool_mask<kPack>(w, c, n, x);
           continue;
         }
       }
