@@ -132,8 +132,11 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
   return with_dtype(p->dtype, [&](auto tag) {
     using T = decltype(tag);
     using C = typename Compute<T>::type;
-    const C k = exp_factor<C>(p->scale);
-    const bool folds = p->scale > 0 && k > C(0) && k <= std::numeric_limits<C>::max();
+    // Folded, the factor must be a normal number: an infinite one turns (x - max) = 0 into NaN,
+    // and a denormal one is flushed to 0 by a FAST_MATH build, which turns the pads' -inf into NaN.
+    const double k = p->scale * (sizeof(C) == 8 ? 1.0 : 1.4426950408889634);
+    const bool folds = k >= static_cast<double>(std::numeric_limits<C>::min()) &&
+                       k <= static_cast<double>(std::numeric_limits<C>::max());
     if ((has_mask && p->mask_dtype != SOFTMAX_BOOL) || !folds) return forward_typed<T, kAddMask>(*p, stream, mode, q);
     if (has_mask || p->causal_queries != 0) return forward_typed<T, kBoolMask>(*p, stream, mode, q);
     return forward_typed<T, kNoMask>(*p, stream, mode, q);

@@ -408,7 +408,8 @@ def _fast(direction, algo, inputs, out, scale, causal):
     cache = getattr(_fast_local, "cache", None)
     if cache is None:
         cache = _fast_local.cache = {}
-    key = (direction, algo, shape, code, aligned, bool(causal), device)  # plans depend on the GPU
+    # Plans depend on the GPU, and the forward's on the scale (folded into the exponent or not).
+    key = (direction, algo, shape, code, aligned, bool(causal), device, scale)
     entry = cache.get(key)
     if entry is None:
         if len(cache) >= _FAST_CACHE_MAX:
@@ -418,7 +419,7 @@ def _fast(direction, algo, inputs, out, scale, causal):
         p.rows, p.cols = _rows_cols(shape)
         p.x_row_stride = p.dy_row_stride = p.out_row_stride = shape[-1]
         p.causal_queries = shape[-2] if causal else 0
-        p.x, p.out = ptrs[0], optr
+        p.x, p.out, p.scale = ptrs[0], optr, scale
         if len(ptrs) > 1:
             p.dy = ptrs[1]
         nbytes = ctypes.c_int64(0)

@@ -134,13 +134,18 @@ def test_scale_folded_and_not(k, scale, dtype):
         assert_close(to_host64(y), ref_softmax(x64, scale), dtype, f"algo={algo} scale={scale} seed={g.seed}")
 
 
-def test_scale_whose_exponent_factor_overflows():
-    """scale * log2(e) past float32's range cannot be folded: it is applied on load instead."""
+@pytest.mark.parametrize("scale, magnitude", [(3e38, 1e-37), (1e-39, 3.0)])
+def test_scale_whose_exponent_factor_is_not_normal(scale, magnitude):
+    """scale * log2(e) past float32's range, or below its normal numbers (flushed to 0 by a
+    FAST_MATH build), cannot be folded: it is applied on load instead, masks and causal included."""
     g = rng()
-    x64 = rounded(g.standard_normal((4, 300)) * 1e-37, "float32")
-    scale = 3e38
-    y = pysoftmax.fused(cupy.asarray(x64, dtype=cupy.float32), scale=scale, out=poisoned(x64.shape, "float32"))
-    assert_close(to_host64(y), ref_softmax(x64, scale), "float32", f"seed={g.seed}")
+    x64 = rounded(g.standard_normal((2, 4, 300)) * magnitude, "float32")
+    pad = g.random((2, 1, 300)) > 0.3
+    for mask_host, mask, causal in ((None, None, False), (pad, cupy.asarray(pad), True)):
+        y = pysoftmax.fused(cupy.asarray(x64, dtype=cupy.float32), scale=scale, mask=mask, causal=causal,
+                            out=poisoned(x64.shape, "float32"))
+        assert_close(to_host64(y), ref_softmax(x64, scale, mask_host, causal=causal), "float32",
+                     f"scale={scale} causal={causal} seed={g.seed}")
 
 
 def test_additive_mask_uses_minus_inf():
