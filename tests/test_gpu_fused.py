@@ -69,10 +69,10 @@ def test_mask_non_contiguous():
     x64 = g.standard_normal((4, 64, 64))
     m = g.random((64, 64)) > 0.4
     mt = cupy.asarray(m).T  # mask columns are not unit-stride: read element by element
-    y = pysoftmax.fused(cupy.asarray(x64), mask=mt)
+    y = pysoftmax.fused(cupy.asarray(x64), mask=mt, out=poisoned(x64.shape, "float64"))
     assert_close(cupy.asnumpy(y), ref_softmax(x64, 1.0, m.T), "float64", "transposed mask")
     madd = cupy.asarray(g.standard_normal((4, 1, 128)))[:, :, ::2]  # strided additive mask
-    y = pysoftmax.fused(cupy.asarray(x64), mask=madd)
+    y = pysoftmax.fused(cupy.asarray(x64), mask=madd, out=poisoned(x64.shape, "float64"))
     assert_close(cupy.asnumpy(y), ref_softmax(x64, 1.0, cupy.asnumpy(madd)), "float64", "strided mask")
 
 
@@ -191,7 +191,8 @@ def test_backward_split_rows(chunks):
     g = rng()
     y64 = ref_softmax(g.standard_normal((3, 50000)))
     dy64 = g.standard_normal((3, 50000))
-    dx = _ops.backward_impl(cupy.asarray(y64), cupy.asarray(dy64), family=3, chunks=chunks)
+    dx = _ops.backward_impl(cupy.asarray(y64), cupy.asarray(dy64), family=3, chunks=chunks,
+                            out=poisoned(y64.shape, "float64"))
     assert_grad_close(cupy.asnumpy(dx), y64, dy64, 1.0, "float64", f"chunks={chunks}")
 
 
@@ -237,7 +238,9 @@ def test_backward_strided_and_streams():
     y64 = ref_softmax(g.standard_normal((64, 1000)))
     dy64 = g.standard_normal((64, 2000))
     s = cupy.cuda.Stream(non_blocking=True)
-    dx = pysoftmax.backward(cupy.asarray(y64), cupy.asarray(dy64)[:, ::2], stream=s)
+    out = poisoned(y64.shape, "float64")
+    cupy.cuda.Device().synchronize()  # the poison is written on the default stream, the launch goes on s
+    dx = pysoftmax.backward(cupy.asarray(y64), cupy.asarray(dy64)[:, ::2], stream=s, out=out)
     s.synchronize()
     assert_grad_close(cupy.asnumpy(dx), y64, dy64[:, ::2], 1.0, "float64", "strided dy")
     with pytest.raises(ValueError, match="dy"):
