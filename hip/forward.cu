@@ -34,7 +34,7 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
   op->y_stride = p.out_row_stride;
   op->cols = p.cols;
   op->scale = static_cast<C>(p.scale);
-  op->exp_k = exp_factor<C>(ForwardOp<T, kMask>::kFoldsScale ? p.scale : 1.0);
+  op->exp_k = static_cast<C>(exp_factor<C>(ForwardOp<T, kMask>::kFoldsScale ? p.scale : 1.0));
   if (p.causal_queries < 0 || (p.causal_queries > 0 && p.rows % p.causal_queries != 0))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "causal_queries=%lld must be 0 or divide rows=%lld",
                 static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
@@ -134,7 +134,7 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
     using C = typename Compute<T>::type;
     // Folded, the factor must be a normal number: an infinite one turns (x - max) = 0 into NaN,
     // and a denormal one is flushed to 0 by a FAST_MATH build, which turns the pads' -inf into NaN.
-    const double k = p->scale * (sizeof(C) == 8 ? 1.0 : 1.4426950408889634);
+    const double k = exp_factor<C>(p->scale);
     const bool folds = k >= static_cast<double>(std::numeric_limits<C>::min()) &&
                        k <= static_cast<double>(std::numeric_limits<C>::max());
     if ((has_mask && p->mask_dtype != SOFTMAX_BOOL) || !folds) return forward_typed<T, kAddMask>(*p, stream, mode, q);

@@ -49,9 +49,10 @@ template <> __device__ __forceinline__ double neg_inf<double>() {
 
 // exp(k * (v - m)) with k the exponent's factor from exp_factor(): for float, exp2 with log2(e)
 // folded into k, so the argument costs one subtract and one multiply; the subtract comes first so
-// that huge logits close to the max keep their precision.
-template <typename C> inline C exp_factor(double scale) {
-  return static_cast<C>(sizeof(C) == 8 ? scale : scale * 1.4426950408889634);
+// that huge logits close to the max keep their precision. exp_factor() stays in double so that
+// the dispatcher can tell whether it fits C before narrowing it.
+template <typename C> inline double exp_factor(double scale) {
+  return sizeof(C) == 8 ? scale : scale * 1.4426950408889634;
 }
 __device__ __forceinline__ float exp_sub(float v, float m, float k) { return exp2_approx((v - m) * k); }
 __device__ __forceinline__ double exp_sub(double v, double m, double k) { return exp((v - m) * k); }

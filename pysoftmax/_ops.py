@@ -427,7 +427,7 @@ def _fast(direction, algo, inputs, out, scale, causal):
         launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
         entry = cache[key] = (p, nbytes.value, launch)
     p, ws_bytes, launch = entry
-    p.x, p.out, p.scale = ptrs[0], optr, scale
+    p.x, p.out = ptrs[0], optr  # the scale is part of the key: p already carries it
     if len(ptrs) > 1:
         p.dy = ptrs[1]
     ws = None
