@@ -19,12 +19,10 @@ int fail(int code, const char* fmt, ...);
 // ---------------------------------------------------------------------------------------------
 // Thresholds. Lengths are in packs of kPack elements (16 bytes, or 1 element when unaligned).
 //
-// rows_warp, small rows: 2 packs per lane (4 when element-wise) and several rows per group, the
-// group as narrow as the row allows. Rows in flight per lane multiply the bytes each lane has
-// outstanding, which is what a row of a few dozen elements lacks; narrow groups keep every lane
-// busy on short rows.
-constexpr int kTinyPacksVec = 2;
-constexpr int kTinyPacksScalar = 4;  // scalar packs are 4x narrower: 4 per lane keeps loads in flight
+// rows_warp, small rows: kTinyPacksVec packs per lane (kTinyPacksScalar when element-wise; both in
+// kernels.cuh) and several rows per group, the group as narrow as the row allows. Rows in flight
+// per lane multiply the bytes each lane has outstanding, which is what a row of a few dozen
+// elements lacks; narrow groups keep every lane busy on short rows.
 // Rows per group in the tiny table: as many as keep a lane's values (rows x items x inputs) within
 // kRowRegisters, so that short rows still put several loads in flight per lane (at most 4).
 template <typename Op, int kPack> constexpr int tiny_rows_for() {
@@ -168,7 +166,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
   }
   if (p.family == SOFTMAX_FAMILY_WARP || p.family == SOFTMAX_FAMILY_BLOCK) {
-    const bool stages = p.family == SOFTMAX_FAMILY_WARP ? Op::kStageWarp : Op::kStageBlock;
+    const bool stages = p.family == SOFTMAX_FAMILY_WARP ? warp_stages<Op>(p.packs) : Op::kStageBlock;
     p.stage = int64_t{p.threads} * stage_slots<Op>(stages, pack, p.packs, p.rows_per_group) * kPackBytes;
     if (p.stage <= dev.stage_bytes || p.stage == 0) return *out = p, true;
     if (!auto_family) return false;  // a GPU with less shared memory than the stage: stream instead

@@ -46,6 +46,11 @@ template <typename T> constexpr int vec_pack() { return kPackBytes / static_cast
 // rows_stream at 8 spilled at its 64-register cap; rows_block at 2 or 8 was 2-25% slower).
 constexpr int kStagedPacks = 4;
 
+// Packs per lane of rows_warp's table of short rows (dispatch.cuh): 2 vector packs, or 4
+// element-wise ones (4x narrower: 4 per lane keep loads in flight). Longer rows take more.
+constexpr int kTinyPacksVec = 2;
+constexpr int kTinyPacksScalar = 4;
+
 // Packs per thread per rows_stream step: kRowRegisters registers of values in flight (a float64
 // counts as two), whatever the dtype and the number of arrays read; kStagedPacks when staged.
 template <typename Op, int kPack> constexpr int stream_unroll() {
@@ -97,24 +102,42 @@ template <int kPack> __device__ __forceinline__ int inside(int o, int lim) {
   return n <= 0 ? 0 : n >= kPack ? kPack : n;
 }
 
+// The columns a step reads: those below `bound` (the span's end, or a causal limit before it),
+// as 32-bit counts from the span's base. kCut: the bound may lie below the span's end, and a
+// pack that the bound cuts is still read whole where it lies inside the span (a causal limit
+// cuts one pack of every row: element-wise, its loads and mask reads cost more than the rest of
+// a short row's; whoever reads it pads the columns from the bound on).
+template <bool kCut> struct Reach {
+  int lim, end;  // bound and span end, local; 0 for dead rows
+  __device__ __forceinline__ Reach(const Span& s, int64_t bound, bool live)
+      : lim(live ? s.local(bound) : 0), end(kCut ? (live ? s.local(s.end) : 0) : lim) {}
+  template <int kPack> __device__ __forceinline__ int n(int o) const { return inside<kPack>(o, lim); }
+  // Whether the pack at o is read as one vector: it holds a column below the bound and lies
+  // wholly inside the span (without kCut: wholly below the bound).
+  template <int kPack> __device__ __forceinline__ bool whole(int o) const {
+    return kCut ? o < lim && o + kPack <= end : inside<kPack>(o, lim) == kPack;
+  }
+};
+
 // Reads kPacks packs of T at the span's columns of `row`, widened to the compute type C, into
 // v[j * kPack + i]. Each pack is converted as soon as it is read, so only one pack of raw values
 // is live at a time; the loads themselves carry no dependency and are all issued up front. A pack
-// outside [0, bound) is not read and gives C(0) (callers overwrite it with their pad).
+// outside [0, bound) is not read and gives C(0) (callers overwrite it with their pad); columns
+// past the bound in a pack read whole keep their values (callers pad them too).
 // With a stage, whole packs come from its slots, where prefetch_span (same span, bound and
 // liveness) copied them; partial packs are read from global memory here.
-template <typename C, typename T, int kPack, int kPacks>
+template <typename C, typename T, int kPack, int kPacks, bool kCut = false>
 __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v,
                                           const Stage* st = nullptr) {
   const T* p = row + s.base;
-  const int lim = live ? s.local(bound) : 0;
+  const Reach<kCut> reach(s, bound, live);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int o = s.off<kPack>(j);
-    const int n = inside<kPack>(o, lim);
+    const int n = reach.template n<kPack>(o);
     // Each path widens its own values: were the raw 16-bit values merged first, every element
     // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
-    if (n == kPack && kPack > 1) {
+    if (kPack > 1 && reach.template whole<kPack>(o)) {
       T raw[kPack];
       load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : p + o, raw);
 #pragma unroll
@@ -130,15 +153,15 @@ __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t b
 }
 
 // Starts copying the whole packs that load_span would read into the stage's slots.
-template <typename T, int kPack, int kPacks>
+template <typename T, int kPack, int kPacks, bool kCut = false>
 __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
   if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
     const T* p = row + s.base;
-    const int lim = live ? s.local(bound) : 0;
+    const Reach<kCut> reach(s, bound, live);
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int o = s.off<kPack>(j);
-      if (inside<kPack>(o, lim) == kPack) copy_async_16(st.slot(j), p + o);
+      if (reach.template whole<kPack>(o)) copy_async_16(st.slot(j), p + o);
     }
   }
 }
@@ -204,12 +227,14 @@ template <typename T, int kMask> struct ForwardOp {
   // rows_stream, and rows_block with a float mask, needed 128 registers and spilled when staged
   // (70-86 unstaged, and faster); a boolean-masked rows_block stays at 82 and gains 10-25%.
   static constexpr int kStaged = 1;
-  static constexpr bool kStageWarp = !kMasked, kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
+  static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
+  static constexpr int kStageWarpMax = kMask == kBoolMask ? kStagedPacks : kMasked ? 0 : INT_MAX;
+  static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
   // of 512..8192). The masked loader holds mask bits and row offsets too: 102 (at 128, ptxas gave
   // bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing spills).
-  static constexpr int kWarpMinBlocks = kMasked ? 5 : 6;
+  static constexpr int kWarpMinBlocks = kMask == kAddMask || (kMasked && sizeof(T) == 8) ? 5 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   // The thread count vector rows_block's launch bound names, which sets its register cap: twice
   // the block for 16-bit rows with a boolean mask, so that two rows fit an SM (64 registers), where
@@ -217,7 +242,7 @@ template <typename T, int kMask> struct ForwardOp {
   // of 16384 to bfloat16's 81% (H200). The float-mask and element-wise loaders spill at 64, and a
   // second launch-bound argument, even 1, changed ptxas's choices elsewhere (backward spilled).
   static constexpr int kBlockBoundThreads = kMask == kBoolMask && sizeof(T) == 2 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
-  static constexpr int kStreamMinBlocks = kMasked ? 1 : 2;
+  static constexpr int kStreamMinBlocks = kMask == kAddMask || (kMasked && sizeof(T) == 8) ? 1 : 2;
 
   const T* x;
   T* y;
@@ -254,11 +279,20 @@ template <typename T, int kMask> struct ForwardOp {
     w.mask = nullptr;
     if (kMasked && kWithMask && mask) {
       // The outermost index needs no division: the dims cover the rows, so what is left is it.
+      // One or two dims (the host merges what it can: [B,1,1,S] over [B,H,S,S] is two) take
+      // straight-line code; the loop's indexed constant loads and trip control cost as much
+      // again as its division (H200 SASS).
       int64_t off = 0, rest = r;
-      for (int d = mask_ndim - 1; d >= 1; --d) {
+      if (mask_ndim == 2) {
         int64_t index;
-        rest = row_div(rest, mask_shape[d], &index);
-        off += index * mask_stride[d];
+        rest = row_div(rest, mask_shape[1], &index);
+        off = index * mask_stride[1];
+      } else if (mask_ndim != 1) {
+        for (int d = mask_ndim - 1; d >= 1; --d) {
+          int64_t index;
+          rest = row_div(rest, mask_shape[d], &index);
+          off += index * mask_stride[d];
+        }
       }
       if (mask_ndim > 0) off += rest * mask_stride[0];
       w.mask = mask + off * mask_elem_size();
@@ -274,17 +308,24 @@ template <typename T, int kMask> struct ForwardOp {
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
 
   // The boolean mask applied to the pack at c: columns whose mask byte is 0, and those past the
-  // n read (a causal limit, the row's end; n == 0 past the causal limit, which reads nothing),
-  // become the pad. Whole aligned packs read their bytes as 32-bit words, and each column is one
-  // test of its byte (a LOP3 setting a predicate) and a select, with no branch on the pack's
-  // contents: on random masks such a branch made warps diverge and run both of its paths. Each
-  // path selects on its own predicates: merged first, they outnumbered the predicate registers.
+  // n kept (a causal limit, the row's end; n == 0 past the causal limit, which reads nothing),
+  // become the pad. Packs read whole (`whole`, see Reach) and aligned read their bytes as 32-bit
+  // words, a causal cut clears the bytes from n on, and each column is one test of its byte (a
+  // LOP3 setting a predicate) and a select, with no branch on the pack's contents: on random
+  // masks such a branch made warps diverge and run both of its paths. Each path selects on its
+  // own predicates: merged first, they outnumbered the predicate registers.
   template <int kPack>
-  __device__ __forceinline__ void apply_bool_mask(const Row& w, int64_t c, int n, C* x) const {
+  __device__ __forceinline__ void apply_bool_mask(const Row& w, int64_t c, int n, bool whole, C* x) const {
+    static_assert(kPack <= 8, "a pack's mask bytes fit two words");
     if constexpr (kPack >= 4) {
-      if (mask_vec && n == kPack) {
+      if (mask_vec && whole) {
         uint32_t words[kPack / 4];
         load_pack<uint32_t, kPack / 4>(reinterpret_cast<const uint32_t*>(w.mask + c), words);
+        if (n < kPack) {  // 1 <= n: one 64-bit shift clears bytes n.. of both words
+          const uint64_t keep = ~uint64_t{0} >> (64 - 8 * n);
+#pragma unroll
+          for (int k = 0; k < kPack / 4; ++k) words[k] &= static_cast<uint32_t>(keep >> (32 * k));
+        }
 #pragma unroll
         for (int i = 0; i < kPack; ++i) x[i] = words[i / 4] & (0xffu << (8 * (i % 4))) ? scaled(x[i], C(0)) : pad();
         return;
@@ -302,10 +343,10 @@ template <typename T, int kMask> struct ForwardOp {
 
   // The additive mask's values for the first n columns of the pack at c (0 elsewhere).
   template <typename M, int kPack>
-  __device__ __forceinline__ void add_mask_values(const Row& w, int64_t c, int n, C* add) const {
+  __device__ __forceinline__ void add_mask_values(const Row& w, int64_t c, int n, bool whole, C* add) const {
     const M* m = reinterpret_cast<const M*>(w.mask);
     M raw[kPack];
-    if (mask_vec && n == kPack && kPack > 1) {
+    if (mask_vec && whole && kPack > 1) {
       load_pack<M, kPack>(m + c, raw);
     } else if (n > 0) {
 #pragma unroll
@@ -322,26 +363,28 @@ template <typename T, int kMask> struct ForwardOp {
   // for dead rows. Columns past the causal limit are never read.
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);
+    prefetch_span<T, kPack, kPacks, kMasked>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);
   }
 
   template <int kPack, int kPacks>
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
-    load_span<C, T, kPack, kPacks>(w.x, s, bound, live, v, st);
+    load_span<C, T, kPack, kPacks, kMasked>(w.x, s, bound, live, v, st);
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
     // the others, and the boolean mask's False columns, become the pad. The mask is read a pack
     // at a time (masks are mostly broadcast rows served from cache, and holding them for every
     // pack would double the registers the row needs).
-    const int lim = live ? s.local(bound) : 0;
+    const Reach<kMasked> reach(s, bound, live);
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int n = inside<kPack>(s.off<kPack>(j), lim);
+      const int o = s.off<kPack>(j);
+      const int n = reach.template n<kPack>(o);
+      const bool whole = reach.template whole<kPack>(o);
       const int64_t c = s.col<kPack>(j);
       C* x = v + j * kPack;
       if constexpr (kMasked) {
         if (mask && (kMask == kBoolMask || mask_dtype == SOFTMAX_BOOL)) {
-          apply_bool_mask<kPack>(w, c, n, x);
+          apply_bool_mask<kPack>(w, c, n, whole, x);
           continue;
         }
       }
@@ -349,10 +392,10 @@ template <typename T, int kMask> struct ForwardOp {
       if constexpr (kMask == kAddMask) {
         switch (mask ? mask_dtype : SOFTMAX_NONE) {
         case SOFTMAX_NONE: break;
-        case SOFTMAX_FLOAT16: add_mask_values<__half, kPack>(w, c, n, add); break;
-        case SOFTMAX_BFLOAT16: add_mask_values<bf16_t, kPack>(w, c, n, add); break;
-        case SOFTMAX_FLOAT32: add_mask_values<float, kPack>(w, c, n, add); break;
-        default: add_mask_values<double, kPack>(w, c, n, add); break;
+        case SOFTMAX_FLOAT16: add_mask_values<__half, kPack>(w, c, n, whole, add); break;
+        case SOFTMAX_BFLOAT16: add_mask_values<bf16_t, kPack>(w, c, n, whole, add); break;
+        case SOFTMAX_FLOAT32: add_mask_values<float, kPack>(w, c, n, whole, add); break;
+        default: add_mask_values<double, kPack>(w, c, n, whole, add); break;
         }
       }
       // A whole pack, the common case, takes no per-element test (and, folded, no instruction).
@@ -424,7 +467,8 @@ template <typename T> struct BackwardOp {
   using Stat = C;
   static constexpr int kInputs = 2;  // y and dy
   static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
-  static constexpr bool kStageWarp = true, kStageBlock = true, kStageStream = true;
+  static constexpr int kStageWarpMin = 0, kStageWarpMax = INT_MAX;
+  static constexpr bool kStageBlock = true, kStageStream = true;
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
   // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
   static constexpr int kWarpMinBlocks = 1;
@@ -532,6 +576,10 @@ template <typename Op> constexpr int stage_slots(bool stages, int pack, int pack
   return kAsyncCopy && pack > 1 && stages ? rows * packs * Op::kStaged : 0;
 }
 
+// Whether rows_warp stages rows of `packs` packs per lane: the op names the range it stages.
+template <typename Op> constexpr bool warp_stages(int packs) {
+  return packs >= Op::kStageWarpMin && packs <= Op::kStageWarpMax;
+}
 
 // The thread's stage (or an empty one), in the block's dynamic shared memory.
 template <int kSlots> __device__ __forceinline__ Stage thread_stage() {
@@ -554,7 +602,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  constexpr int kSlots = stage_slots<Op>(Op::kStageWarp, kPack, kPacks, kRows);
+  constexpr int kSlots = stage_slots<Op>(warp_stages<Op>(kPacks), kPack, kPacks, kRows);
   const Stage stage = thread_stage<kSlots>();
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.
