@@ -18,10 +18,12 @@
 // Families (one __global__ each):
 //   rows_warp    a group of G <= kMaxGroup lanes holds kRows rows in registers (short rows)
 //   rows_block   a block holds one row in registers (up to kBlockMaxThreads x max_items)
-//   rows_stream  2 passes over global memory, optionally split across blocks (any length)
+//   rows_stream  2 passes, optionally split across blocks (any length); where the whole row fits
+//                the block's shared memory it stays there (resident) and global memory is read once
 //   rows_naive   3 passes over global memory (the reference algorithm, forward only)
-// Bytes moved: rows_warp/rows_block read each input once and write once; rows_stream reads the
-// inputs twice (the second read often from L2); rows_naive reads x three times.
+// Bytes moved: rows_warp/rows_block and a resident rows_stream read each input once and write
+// once; otherwise rows_stream reads the inputs twice (the second read often from L2); rows_naive
+// reads x three times.
 #pragma once
 
 #include "primitives.cuh"
@@ -301,6 +303,7 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   __device__ __forceinline__ int mask_elem_size() const {
+    if (kMask == kBoolMask) return 1;  // the host sends only boolean masks (or none) here
     return mask_dtype == SOFTMAX_FLOAT64 ? 8 : mask_dtype == SOFTMAX_FLOAT32 ? 4
          : mask_dtype == SOFTMAX_BOOL ? 1 : 2;
   }
@@ -674,8 +677,12 @@ __global__ void __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlo
 //   kStreamStats  write the chunk's partial statistic to ws[row * chunks + chunk]
 //   kStreamApply  merge the row's partials, then apply to the chunk. Blocks run in reverse
 //                 order, so the chunks read last by the stats launch (still in L2) go first.
+//   kStreamResident  chunks == 1 and the whole row fits the stage (staged ops only): the row is
+//                 copied into it once (step s into slots s * kSlots...), both passes read it
+//                 there, and the second pass refills each step's slots with the block's next row
+//                 as soon as it has read them. Global memory is read once instead of twice.
 
-enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2 };
+enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 
 template <typename Op, int kPack>
 __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
@@ -689,12 +696,29 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
   constexpr int kSlots = stage_slots<Op>(Op::kStageStream, kPack, kUnroll, 1);
   const Stage stage = thread_stage<kSlots>();
+  const bool resident = kSlots && phase == kStreamResident;
   // One pass over [begin, end) of row w: use(span, items) per step, with the next step's copies
-  // in flight (when staged) while this step is reduced or written.
-  auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, auto&& use) {
+  // in flight (when staged) while this step is reduced or written. Resident: each step is read
+  // from its own slots, which are then refilled from row `refill` (when not null).
+  auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, auto&& use,
+                  const typename Op::Row* refill = nullptr) {
     auto span_at = [&](int64_t base) {
       return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
     };
+    if (resident) {
+      int step = 0;
+      for (int64_t base = begin; base < end; base += stride, ++step) {
+        Item v[kStep];
+        const Stage st = stage.at(step * kSlots);
+        op.template load<kPack, kUnroll>(w, span_at(base), true, v, &st);
+        if (refill) {
+          copy_async_reuse_fence();
+          op.template prefetch<kPack, kUnroll>(*refill, span_at(base), true, st);
+        }
+        use(span_at(base), v);
+      }
+      return;
+    }
     if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin), true, stage);
     for (int64_t base = begin; base < end; base += stride) {
       Item v[kStep];
@@ -707,6 +731,14 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       use(span_at(base), v);
     }
   };
+  if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
+    const typename Op::Row w = op.prefetch_row(blockIdx.x);
+    int step = 0;
+    for (int64_t base = 0; base < op.cols; base += stride, ++step)
+      op.template prefetch<kPack, kUnroll>(
+          w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols}, true,
+          stage.at(step * kSlots));
+  }
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
     const int64_t r = id / chunks, chunk = id % chunks;
@@ -716,6 +748,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     typename Op::Final fin;
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
+      if (resident) copy_async_wait();
       pass(w, begin, end, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
       st = block_all_reduce(st, op.merge(), scratch);
       if (phase == kStreamStats) {
@@ -728,10 +761,13 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = op.merge()(st, ws[r * chunks + k]);
       fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
     }
+    typename Op::Row next;
+    const bool refills = resident && b + gridDim.x < nblocks;
+    if (refills) next = op.prefetch_row(b + gridDim.x);
     pass(w, begin, end, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       op.template store<kPack, kUnroll>(w, span, v);
-    });
+    }, refills ? &next : nullptr);
   }
 }
 

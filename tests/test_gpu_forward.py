@@ -95,6 +95,30 @@ def test_stream_split_rows(chunks, dtype):
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"chunks={chunks} seed={g.seed}")
 
 
+def async_copy():
+    """Whether the library stages rows through cp.async here (NVIDIA, compute capability 8.0+):
+    only then can rows_stream keep a row resident."""
+    return not cupy.cuda.runtime.is_hip and int(cupy.cuda.Device().compute_capability) >= 80
+
+
+@pytest.mark.parametrize("cols,dtype", [(c, d) for c in (1000, 1001) for d in DTYPES]
+                         + [(20000, "float32"), (20000, "float16")])
+def test_stream_resident(cols, dtype):
+    """rows_stream with the whole row kept in its stage and read there twice: more rows than the
+    grid has blocks (each block refills its stage with its next row while it writes the current
+    one), rows of one step and of several (the last one partial), and unaligned rows (element-wise,
+    never staged, so streamed twice) beside them."""
+    g = rng()
+    rows = 4300  # more than the H200's grid of 132 x 32 blocks
+    plan = _ops.plan((rows, cols), dtype, family="stream")
+    assert plan["chunks"] == 1
+    aligned = cols * numpy.dtype(dtype if dtype != "bfloat16" else "float16").itemsize % 16 == 0
+    assert plan["resident"] == (1 if aligned and async_copy() else 0), plan
+    x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
+    y = _ops.forward(to_device(x64, dtype), out=poisoned((rows, cols), dtype), family=3)
+    assert_close(to_host64(y), ref_softmax(x64), dtype, f"resident={plan['resident']} seed={g.seed}")
+
+
 def test_plan_crosses_thresholds():
     """The dispatcher's families change where hip/dispatch.cuh says they do."""
     fam = lambda cols, dt="float32", **kw: _ops.plan((64, cols), dt, **kw)["family"]
@@ -111,6 +135,19 @@ def test_plan_crosses_thresholds():
     assert _ops.plan((4096, 1 << 18), "float32")["chunks"] == 1
     assert _ops.plan((1, 1 << 24), "float32", algo="online")["family"] == "stream"
     assert _ops.plan((64, 10), "float32", algo="naive")["family"] == "naive"
+    # Many rows too long for a block of kBlockMaxAutoThreads: the stream, with the row resident,
+    # where the platform stages (fewer rows split into chunks and stay in one wide block).
+    for dt in ("float32", "float16"):
+        wide = _ops.plan((8192, 32768), dt)
+        assert (wide["family"], wide["resident"]) == (("stream", 1) if async_copy() else ("block", 0)), wide
+        assert fam(32768, dt) == "block"
+    assert _ops.plan((8192, 16384), "float16")["family"] == "block"
+    # A row resident only while its stage fits the block's shared memory (16-bit backward: 64 KiB
+    # a step of 512 threads; four steps are past any GPU's 227 KiB).
+    if async_copy():
+        bwd = lambda cols: _ops.plan((8192, cols), "float16", direction="backward")
+        assert bwd(32768)["resident"] == 1 and bwd(32768)["stage"] == 128 << 10
+        assert bwd(65536)["resident"] == 0 and bwd(65536)["family"] == "stream"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -196,6 +196,21 @@ def test_backward_split_rows(chunks):
     assert_grad_close(cupy.asnumpy(dx), y64, dy64, 1.0, "float64", f"chunks={chunks}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("cols", [1000, 1001, 40000])
+def test_backward_stream_resident(cols, dtype):
+    """Backward rows_stream with y and dy resident in the stage (one read of each), forced on
+    more rows than the grid has blocks; unaligned rows are streamed twice."""
+    g = rng()
+    rows = 4300 if cols < 10000 else 700
+    y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
+    dy64 = rounded(g.standard_normal((rows, cols)), dtype)
+    dx = _ops.backward_impl(to_device(y64, dtype), to_device(dy64, dtype), scale=0.7, family=3,
+                            out=poisoned((rows, cols), dtype))
+    plan = _ops.plan((rows, cols), dtype, family="stream", direction="backward")
+    assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"resident={plan['resident']} seed={g.seed}")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_finite_differences(causal):
     """d/dx of sum(w * fused(x, scale, mask, causal)) by central differences in float64."""

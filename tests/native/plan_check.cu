@@ -16,10 +16,10 @@ static void report(const char* op, const char* what, int family, int pack, int t
                    const Plan& p) {
   if (violations++ < 20)
     printf("%s: %s (asked family=%d pack=%d threads=%d cols=%lld) -> family=%d threads=%d packs=%d group=%d "
-           "rows_per_group=%d chunks=%lld chunk_cols=%lld stage=%lld\n",
+           "rows_per_group=%d chunks=%lld chunk_cols=%lld stage=%lld resident=%d\n",
            op, what, family, pack, threads, static_cast<long long>(cols), p.family, p.threads, p.packs, p.group,
            p.rows_per_group, static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols),
-           static_cast<long long>(p.stage));
+           static_cast<long long>(p.stage), p.resident ? 1 : 0);
 }
 
 template <typename Op> void check(const char* op, int64_t stage_bytes) {
@@ -49,7 +49,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes) {
             case SOFTMAX_FAMILY_WARP: {
               if (int64_t{p.group} * p.packs * pack < cols) report(op, "rows_warp does not cover the row", family, pack, threads, cols, p);
               if (p.packs > max_packs || p.group > kMaxGroup) report(op, "rows_warp over its register budget", family, pack, threads, cols, p);
-              const int64_t stage = pack > 1 && kAsyncCopy && Op::kStageWarp
+              const int64_t stage = pack > 1 && kAsyncCopy && warp_stages<Op>(p.packs)
                                         ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes : 0;
               if (stage != p.stage) report(op, "rows_warp stage differs from the kernel's slots", family, pack, threads, cols, p);
               break;
@@ -67,9 +67,16 @@ template <typename Op> void check(const char* op, int64_t stage_bytes) {
               if (p.chunks < 1 || p.chunk_cols * p.chunks < cols || p.chunk_cols % (int64_t{p.threads} * pack))
                 report(op, "rows_stream chunks do not tile the row", family, pack, threads, cols, p);
               const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
-              const int64_t stage = pack > 1 && kAsyncCopy && Op::kStageStream
-                                        ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
-              if (stage != p.stage) report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
+              const int64_t step = pack > 1 && kAsyncCopy && Op::kStageStream
+                                       ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
+              // Resident: one step's slots for each step of the (single) chunk, as the kernel indexes them.
+              const int64_t steps = (cols + int64_t{p.threads} * pack * unroll - 1) / (int64_t{p.threads} * pack * unroll);
+              if (p.resident && (p.chunks != 1 || step == 0))
+                report(op, "rows_stream resident without a stage or with chunks", family, pack, threads, cols, p);
+              if (p.stage != (p.resident ? step * steps : step))
+                report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
+              if (!p.resident && p.chunks == 1 && step > 0 && step * steps <= dev.stage_bytes)
+                report(op, "rows_stream not resident where the row fits the stage", family, pack, threads, cols, p);
             }
           }
         }
