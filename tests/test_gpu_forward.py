@@ -119,6 +119,21 @@ def test_stream_resident(cols, dtype):
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"resident={plan['resident']} seed={g.seed}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_block_to_resident_stream(dtype):
+    """Automatic dispatch on both sides of the switch from rows_block to the resident stream: a
+    row that a 512-thread block holds, and one that needs a wider block (many rows of it)."""
+    g = rng()
+    per = 16384  # 512 threads x 32 values (8 packs of float32, 4 of bfloat16)
+    for cols in (per, per + 16):
+        rows = 600
+        fam = _ops.plan((rows, cols), dtype)["family"]
+        assert fam == ("block" if cols == per or not async_copy() else "stream"), (cols, fam)
+        x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
+        y = pysoftmax.fused(to_device(x64, dtype), out=poisoned((rows, cols), dtype))
+        assert_close(to_host64(y), ref_softmax(x64), dtype, f"{fam} {cols} seed={g.seed}")
+
+
 def test_plan_crosses_thresholds():
     """The dispatcher's families change where hip/dispatch.cuh says they do."""
     fam = lambda cols, dt="float32", **kw: _ops.plan((64, cols), dt, **kw)["family"]

@@ -63,3 +63,11 @@ for dtype in ("float32", "float16"):
         step(f"many rows masked {what} {dtype}",
              lambda: pysoftmax.fused(x.reshape(rows // 100 if rows % 100 == 0 else rows, -1, cols), causal=True))
         del x, y
+    # rows_stream with each row resident in its stage: 64-thread blocks make rows of 2056 three
+    # steps (the last partial), and more rows than blocks make each block refill its stage.
+    x = arr((4300, 2056), dtype)
+    plan = _ops.plan(x.shape, dtype, family="stream", threads=64)
+    step(f"many rows resident stream {dtype} (resident={plan['resident']} stage={plan['stage']})",
+         lambda: _ops.forward(x, family=3, threads=64))
+    step(f"many rows resident stream backward {dtype}", lambda: _ops.backward_impl(x, x, family=3, threads=64))
+    del x
