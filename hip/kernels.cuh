@@ -234,8 +234,11 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
-  // of 512..8192). The masked loader holds mask bits and row offsets too: 102 (at 128, ptxas gave
-  // bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing spills).
+  // of 512..8192). The masked loader holds mask bits and row offsets too: 102 for the float mask
+  // (at 128, ptxas gave bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing
+  // spills), 85 (6 blocks) for the boolean one, where the staged 16-bit medium rows spill 12-16
+  // bytes and still beat 5 blocks (H200: attention pad S = 1024 81% -> 82%, rows of 1024 with a
+  // mask and causal 76% -> 80%).
   static constexpr int kWarpMinBlocks = kMask == kAddMask || (kMasked && sizeof(T) == 8) ? 5 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   // The thread count vector rows_block's launch bound names, which sets its register cap: twice
@@ -244,6 +247,9 @@ template <typename T, int kMask> struct ForwardOp {
   // of 16384 to bfloat16's 81% (H200). The float-mask and element-wise loaders spill at 64, and a
   // second launch-bound argument, even 1, changed ptxas's choices elsewhere (backward spilled).
   static constexpr int kBlockBoundThreads = kMask == kBoolMask && sizeof(T) == 2 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
+  // Two 512-thread rows_stream blocks an SM (64 registers), except for the float mask and float64
+  // masks, which spill there (H200: boolean-masked 16-bit rows of 32768 at 70 registers, one block
+  // an SM, 57%; capped, 74%).
   static constexpr int kStreamMinBlocks = kMask == kAddMask || (kMasked && sizeof(T) == 8) ? 1 : 2;
 
   const T* x;
@@ -363,7 +369,8 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   // The span's values, scaled and masked; pads (-inf) past the causal limit, the span's end, and
-  // for dead rows. Columns past the causal limit are never read.
+  // for dead rows. Whole packs past the causal limit are never read (the pack the limit cuts is
+  // read whole, and its columns from the limit on become the pad).
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
     prefetch_span<T, kPack, kPacks, kMasked>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);

@@ -199,15 +199,25 @@ def test_backward_split_rows(chunks):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("cols", [1000, 1001, 40000])
 def test_backward_stream_resident(cols, dtype):
-    """Backward rows_stream with y and dy resident in the stage (one read of each), forced on
-    more rows than the grid has blocks; unaligned rows are streamed twice."""
+    """Backward rows_stream with y and dy resident in the stage (one read of each): rows of 1000
+    on more rows than the grid has blocks (refills), 16-bit rows of 40000 in five steps (160 KiB,
+    where the GPU allows it); unaligned rows, and float32 rows of 40000 (320 KiB), streamed twice."""
     g = rng()
-    rows = 4300 if cols < 10000 else 700
+    dev = cupy.cuda.Device()
+    staged = not cupy.cuda.runtime.is_hip and int(dev.compute_capability) >= 80
+    rows = 32 * dev.attributes["MultiProcessorCount"] + 76 if cols < 10000 else 700
+    plan = _ops.plan((rows, cols), dtype, family="stream", direction="backward")
+    assert plan["chunks"] == 1, plan
+    if cols == 1000:
+        assert plan["resident"] == (1 if staged else 0), plan
+    elif cols == 1001 or dtype == "float32":
+        assert plan["resident"] == 0, plan
+    elif staged and dev.attributes["MaxSharedMemoryPerBlockOptin"] >= 200 << 10:
+        assert plan["resident"] == 1 and plan["stage"] == 160 << 10, plan
     y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
     dy64 = rounded(g.standard_normal((rows, cols)), dtype)
     dx = _ops.backward_impl(to_device(y64, dtype), to_device(dy64, dtype), scale=0.7, family=3,
                             out=poisoned((rows, cols), dtype))
-    plan = _ops.plan((rows, cols), dtype, family="stream", direction="backward")
     assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"resident={plan['resident']} seed={g.seed}")
 
 
