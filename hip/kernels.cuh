@@ -232,6 +232,9 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
   static constexpr int kStageWarpMax = kMask == kBoolMask ? kStagedPacks : kMasked ? 0 : INT_MAX;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
+  // The loaders that spill under the tighter register caps below: the float mask's (its values
+  // are converted and added), and float64 with any mask.
+  static constexpr bool kSpillsAtTightCaps = kMask == kAddMask || (kMasked && sizeof(T) == 8);
   // Two reductions and an exp per value make the plain forward latency-bound: it trades
   // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
   // of 512..8192). The masked loader holds mask bits and row offsets too: 102 for the float mask
@@ -239,7 +242,7 @@ template <typename T, int kMask> struct ForwardOp {
   // spills), 85 (6 blocks) for the boolean one, where the staged 16-bit medium rows spill 12-16
   // bytes and still beat 5 blocks (H200: attention pad S = 1024 81% -> 82%, rows of 1024 with a
   // mask and causal 76% -> 80%).
-  static constexpr int kWarpMinBlocks = kMask == kAddMask || (kMasked && sizeof(T) == 8) ? 5 : 6;
+  static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   // The thread count vector rows_block's launch bound names, which sets its register cap: twice
   // the block for 16-bit rows with a boolean mask, so that two rows fit an SM (64 registers), where
@@ -250,7 +253,7 @@ template <typename T, int kMask> struct ForwardOp {
   // Two 512-thread rows_stream blocks an SM (64 registers), except for the float mask and float64
   // masks, which spill there (H200: boolean-masked 16-bit rows of 32768 at 70 registers, one block
   // an SM, 57%; capped, 74%).
-  static constexpr int kStreamMinBlocks = kMask == kAddMask || (kMasked && sizeof(T) == 8) ? 1 : 2;
+  static constexpr int kStreamMinBlocks = kSpillsAtTightCaps ? 1 : 2;
 
   const T* x;
   T* y;
@@ -704,6 +707,12 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   constexpr int kSlots = stage_slots<Op>(Op::kStageStream, kPack, kUnroll, 1);
   const Stage stage = thread_stage<kSlots>();
   const bool resident = kSlots && phase == kStreamResident;
+  // Resident: fn(span, slots) for each step of [begin, end), step s in the slots from s * kSlots.
+  auto each_resident_step = [&](int64_t begin, int64_t end, auto&& fn) {
+    int step = 0;
+    for (int64_t base = begin; base < end; base += stride, ++step)
+      fn(Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end}, stage.at(step * kSlots));
+  };
   // One pass over [begin, end) of row w: use(span, items) per step, with the next step's copies
   // in flight (when staged) while this step is reduced or written. Resident: each step is read
   // from its own slots, which are then refilled from row `refill` (when not null).
@@ -713,17 +722,15 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
     };
     if (resident) {
-      int step = 0;
-      for (int64_t base = begin; base < end; base += stride, ++step) {
+      each_resident_step(begin, end, [&](const Span& span, const Stage& st) {
         Item v[kStep];
-        const Stage st = stage.at(step * kSlots);
-        op.template load<kPack, kUnroll>(w, span_at(base), true, v, &st);
+        op.template load<kPack, kUnroll>(w, span, true, v, &st);
         if (refill) {
           copy_async_reuse_fence();
-          op.template prefetch<kPack, kUnroll>(*refill, span_at(base), true, st);
+          op.template prefetch<kPack, kUnroll>(*refill, span, true, st);
         }
-        use(span_at(base), v);
-      }
+        use(span, v);
+      });
       return;
     }
     if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin), true, stage);
@@ -740,11 +747,9 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
     const typename Op::Row w = op.prefetch_row(blockIdx.x);
-    int step = 0;
-    for (int64_t base = 0; base < op.cols; base += stride, ++step)
-      op.template prefetch<kPack, kUnroll>(
-          w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols}, true,
-          stage.at(step * kSlots));
+    each_resident_step(0, op.cols, [&](const Span& span, const Stage& st) {
+      op.template prefetch<kPack, kUnroll>(w, span, true, st);
+    });
   }
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
