@@ -38,7 +38,7 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
   if (p.causal_queries < 0 || (p.causal_queries > 0 && p.rows % p.causal_queries != 0))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "causal_queries=%lld must be 0 or divide rows=%lld",
                 static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
-  op->causal_queries = p.causal_queries;
+  op->causal_queries = make_divisor(p.causal_queries);
   *vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.out, p.out_row_stride);
   if (p.mask_dtype == SOFTMAX_NONE || !p.mask) return SOFTMAX_OK;
 
@@ -55,7 +55,7 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "mask_shape[%d]=%lld: expected > 0", d,
                   static_cast<long long>(p.mask_shape[d]));
     covered *= p.mask_shape[d];
-    op->mask_shape[d] = p.mask_shape[d];
+    op->mask_shape[d] = make_divisor(p.mask_shape[d]);
     op->mask_stride[d] = p.mask_stride[d];
     if (p.mask_shape[d] > 1 && p.mask_stride[d] % kVec != 0) mask_vec = false;
   }
@@ -107,7 +107,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     if constexpr (kMask == kBoolMask) {
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
-      if (op.mask || op.causal_queries)
+      if (op.mask || op.causal_queries.d)
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
       return pack > 1 ? launch(rows_naive<Op, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
                       : launch(rows_naive<Op, 1>, "rows_naive", plan, stream, op, p.rows);

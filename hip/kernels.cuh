@@ -202,18 +202,40 @@ enum MaskKind {
   kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
 };
 
-// Division of a row index by a mask or causal extent: 32-bit where the index fits, which is
-// several times cheaper than the 64-bit sequence and what every realistic shape takes.
-// (A host-computed multiply-and-shift divider cut few instructions and, in masked rows_block,
-// raised registers from 64 to 88 and lost up to 25% of bandwidth on the H200.)
-__device__ __forceinline__ int64_t row_div(int64_t a, int64_t b, int64_t* rem) {
-  if ((a | b) >> 32 == 0) {
-    const uint32_t q = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
-    *rem = static_cast<uint32_t>(a) - q * static_cast<uint32_t>(b);
+// Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
+// and a 32-bit division, which the GPU does not have, costs about 20 instructions; a divisor
+// below 2^32 carries the constants that make it a multiply-high, an add and two shifts
+// (Granlund & Montgomery 1994, "Division by invariant integers using multiplication", the
+// round-up method). H200, 16-bit masked rows: 2-5 points of copy bandwidth on every length.
+// Indices past 2^32 take the 64-bit sequence.
+struct Divisor {
+  int64_t d = 0;
+  uint32_t m = 0, s1 = 0, s2 = 0;  // set where 0 < d < 2^32
+  // n / d for n < 2^32: t = the high word of n * m, then (t + (n - t) / 2^s1) / 2^s2.
+  __host__ __device__ __forceinline__ uint32_t quotient(uint32_t n) const {
+    const uint32_t t = static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
+    return (t + ((n - t) >> s1)) >> s2;
+  }
+};
+inline Divisor make_divisor(int64_t d) {
+  Divisor v;
+  v.d = d;
+  if (d <= 0 || d >> 32) return v;
+  uint32_t l = 0;  // ceil(log2(d))
+  while ((uint64_t{1} << l) < static_cast<uint64_t>(d)) ++l;
+  v.m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << l) - d) / d + 1);
+  v.s1 = l < 1 ? l : 1;
+  v.s2 = l > 1 ? l - 1 : 0;
+  return v;
+}
+__device__ __forceinline__ int64_t row_div(int64_t a, const Divisor& b, int64_t* rem) {
+  if ((a | b.d) >> 32 == 0) {
+    const uint32_t q = b.quotient(static_cast<uint32_t>(a));
+    *rem = static_cast<uint32_t>(a) - q * static_cast<uint32_t>(b.d);
     return q;
   }
-  *rem = a % b;
-  return a / b;
+  *rem = a % b.d;
+  return a / b.d;
 }
 
 template <typename T, int kMask> struct ForwardOp {
@@ -245,11 +267,13 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   // The thread count vector rows_block's launch bound names, which sets its register cap: twice
-  // the block for 16-bit rows with a boolean mask, so that two rows fit an SM (64 registers), where
-  // ptxas otherwise gave float16 74, one 512-thread block an SM, and 55% of copy bandwidth on rows
-  // of 16384 to bfloat16's 81% (H200). The float-mask and element-wise loaders spill at 64, and a
-  // second launch-bound argument, even 1, changed ptxas's choices elsewhere (backward spilled).
-  static constexpr int kBlockBoundThreads = kMask == kBoolMask && sizeof(T) == 2 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
+  // the block for rows of 4 bytes or less with a boolean mask, so that two rows fit an SM (64
+  // registers), where ptxas otherwise gave float16 74 and float32 83, one 512-thread block an SM:
+  // float16 rows of 16384 ran at 55% of copy bandwidth to bfloat16's 81%, and float32 at 86% ->
+  // 98% capped, though it spills 200 bytes there (H200). The float-mask and element-wise loaders
+  // spill more at 64, and a second launch-bound argument, even 1, changed ptxas's choices
+  // elsewhere (backward spilled).
+  static constexpr int kBlockBoundThreads = kMask == kBoolMask && sizeof(T) <= 4 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
   // Two 512-thread rows_stream blocks an SM (64 registers), except for the float mask and float64
   // masks, which spill there (H200: boolean-masked 16-bit rows of 32768 at 70 registers, one block
   // an SM, 57%; capped, 74%).
@@ -260,11 +284,12 @@ template <typename T, int kMask> struct ForwardOp {
   int64_t x_stride, y_stride, cols;
   C scale;  // applied on load (kAddMask only)
   C exp_k;  // the exponent's factor: exp_factor(scale) where folded, exp_factor(1) otherwise
-  int64_t causal_queries;
+  Divisor causal_queries;
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
   int mask_dtype, mask_ndim;
   bool mask_vec;  // whole packs of the mask can be read with one aligned access
-  int64_t mask_shape[SOFTMAX_MAX_DIMS], mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
+  Divisor mask_shape[SOFTMAX_MAX_DIMS];
+  int64_t mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
 
   struct Row {
     const T* x;
@@ -282,7 +307,7 @@ template <typename T, int kMask> struct ForwardOp {
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
     w.limit = cols;
-    if (kMasked && causal_queries) {
+    if (kMasked && causal_queries.d) {
       int64_t query;
       row_div(r, causal_queries, &query);
       w.limit = min(cols, query + 1);
@@ -318,6 +343,8 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
+  // Columns from here on are pads whatever the mask holds: the causal limit.
+  __device__ __forceinline__ int64_t live_end(const Row& w) const { return kMasked ? w.limit : cols; }
 
   // The boolean mask applied to the pack at c: columns whose mask byte is 0, and those past the
   // n kept (a causal limit, the row's end; n == 0 past the causal limit, which reads nothing),
@@ -505,6 +532,7 @@ template <typename T> struct BackwardOp {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
   __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
+  __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
   __device__ __forceinline__ SumOp merge() const { return {}; }
 
   template <int kPack, int kPacks>
@@ -713,10 +741,11 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     for (int64_t base = begin; base < end; base += stride, ++step)
       fn(Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end}, stage.at(step * kSlots));
   };
-  // One pass over [begin, end) of row w: use(span, items) per step, with the next step's copies
-  // in flight (when staged) while this step is reduced or written. Resident: each step is read
-  // from its own slots, which are then refilled from row `refill` (when not null).
-  auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, auto&& use,
+  // One pass over the steps of [begin, end) of row w that start before `stop`: use(span, items)
+  // per step, with the next step's copies in flight (when staged) while this step is reduced or
+  // written. Resident: each step is read from its own slots, which are then refilled from row
+  // `refill` (when not null); only unmasked ops stage, so their stop is the end.
+  auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, int64_t stop, auto&& use,
                   const typename Op::Row* refill = nullptr) {
     auto span_at = [&](int64_t base) {
       return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
@@ -734,13 +763,13 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       return;
     }
     if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin), true, stage);
-    for (int64_t base = begin; base < end; base += stride) {
+    for (int64_t base = begin; base < stop; base += stride) {
       Item v[kStep];
       if (kSlots) copy_async_wait();
       op.template load<kPack, kUnroll>(w, span_at(base), true, v, kSlots ? &stage : nullptr);
       if (kSlots) {
         copy_async_reuse_fence();
-        if (base + stride < end) op.template prefetch<kPack, kUnroll>(w, span_at(base + stride), true, stage);
+        if (base + stride < stop) op.template prefetch<kPack, kUnroll>(w, span_at(base + stride), true, stage);
       }
       use(span_at(base), v);
     }
@@ -757,11 +786,16 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     const int64_t begin = chunk * chunk_cols;
     const int64_t end = min(op.cols, begin + chunk_cols);
     const typename Op::Row w = op.row(r);
+    // Steps that start at or past a causal limit add nothing to the statistics and their results
+    // are zeros: neither pass computes them, they are only written (H200, rows of 32768 with a
+    // causal limit: 16-bit 74% -> 121% of copy bandwidth, float32 118% -> 157%, counting the
+    // bytes of x the limit leaves unread).
+    const int64_t stop = min(end, op.live_end(w));
     typename Op::Final fin;
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
       if (resident) copy_async_wait();
-      pass(w, begin, end, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
+      pass(w, begin, end, stop, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
       st = block_all_reduce(st, op.merge(), scratch);
       if (phase == kStreamStats) {
         if (threadIdx.x == 0) ws[id] = st;
@@ -776,10 +810,15 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     typename Op::Row next;
     const bool refills = resident && b + gridDim.x < nblocks;
     if (refills) next = op.prefetch_row(b + gridDim.x);
-    pass(w, begin, end, [&](const Span& span, Item* v) {
+    pass(w, begin, end, stop, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       op.template store<kPack, kUnroll>(w, span, v);
     }, refills ? &next : nullptr);
+    for (int64_t base = begin; base < end; base += stride) {
+      if (base < stop) continue;
+      const Item zeros[kStep] = {};
+      op.template store<kPack, kUnroll>(w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end}, zeros);
+    }
   }
 }
 

@@ -89,6 +89,24 @@ def test_causal(q, k, dtype):
     assert numpy.all(y[:, upper] == 0), "keys after the query must get exactly zero"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_causal_stream_skips_steps_past_the_limit(chunks, dtype):
+    """rows_stream in 64-thread blocks walks rows of 2600 in steps of 512-1024 columns; the steps
+    that start at or past a row's causal limit (1..1200) are not computed, only written with zeros:
+    in one launch, and with the row split in three chunks (some of them wholly past the limit)."""
+    g = rng()
+    q, k = 1200, 2600
+    x64 = rounded(g.standard_normal((2, q, k)) * 3, dtype)
+    pad = g.random((2, 1, k)) > 0.2
+    y = _ops.forward(to_device(x64, dtype), scale=0.6, mask=cupy.asarray(pad), causal=True, family=3,
+                     chunks=chunks, threads=64, out=poisoned(x64.shape, dtype))
+    y = to_host64(y)
+    assert_close(y, ref_softmax(x64, 0.6, pad, causal=True), dtype, f"chunks={chunks} seed={g.seed}")
+    upper = numpy.arange(k)[None, :] > numpy.arange(q)[:, None]
+    assert numpy.all(y[:, upper] == 0), "keys after the query must get exactly zero"
+
+
 def test_causal_matches_torch_sdpa_convention():
     torch = pytest.importorskip("torch")
     g = rng()

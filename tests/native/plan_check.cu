@@ -1,9 +1,12 @@
 // plan_check.cu — host-only check of plan_rows() (hip/dispatch.cuh) over row lengths 1..70000,
 // every operation, vector and element-wise packs, automatic and forced families, requested block
 // sizes, and three shared-memory sizes (H100/H200, A100, and the 99 KiB of sm_86/sm_89 GPUs).
-// Prints one line per violated invariant and "plans=P violations=N" last; built and run by
+// Also checks the row divisor of kernels.cuh against plain division. Prints one line per violated
+// invariant and "plans=P violations=N" last (P counts the divisions too); built and run by
 // tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
 #include <stdio.h>
+
+#include <vector>
 
 #include "dispatch.cuh"
 
@@ -94,7 +97,36 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes) {
   check<BackwardOp<T>>(op, stage_bytes);
 }
 
+// The row divisor's multiply-and-shift quotient (kernels.cuh) against the hardware's, for every
+// divisor up to 5000, powers of two and their neighbours, and divisors near 2^32, at dividends
+// that reach the edges of each quotient and of the 32-bit range.
+static void check_divisors() {
+  std::vector<uint64_t> ds;
+  for (uint64_t d = 1; d <= 5000; ++d) ds.push_back(d);
+  for (int k = 12; k <= 32; ++k)
+    for (int64_t e : {-1, 0, 1}) ds.push_back((uint64_t{1} << k) + e);
+  uint64_t seed = 12345;
+  auto next = [&] { return (seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 32; };
+  for (int i = 0; i < 2000; ++i) ds.push_back(next() | 1);
+  for (uint64_t d : ds) {
+    if (d == 0 || d >> 32) continue;
+    const Divisor v = make_divisor(static_cast<int64_t>(d));
+    std::vector<uint64_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 0xffffffffull, 0xfffffffeull, 0x80000000ull,
+                                0xffffffffull / d * d, 0xffffffffull / d * d - 1};
+    for (int i = 0; i < 64; ++i) ns.push_back(next());
+    for (uint64_t n : ns) {
+      if (n >> 32) continue;
+      ++plans;
+      if (v.quotient(static_cast<uint32_t>(n)) != n / d && violations++ < 20)
+        printf("divisor %llu: quotient of %llu is %u, expected %llu\n", static_cast<unsigned long long>(d),
+               static_cast<unsigned long long>(n), v.quotient(static_cast<uint32_t>(n)),
+               static_cast<unsigned long long>(n / d));
+    }
+  }
+}
+
 int main() {
+  check_divisors();
   for (int64_t smem : {int64_t{227} << 10, int64_t{163} << 10, int64_t{99} << 10}) {
     check_dtype<float>("float32", smem);
     check_dtype<__half>("float16", smem);
