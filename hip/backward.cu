@@ -32,11 +32,13 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
-    if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan))
+    // The reference reads global memory twice: never resident.
+    if (!plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, false))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }
+  cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);

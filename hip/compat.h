@@ -20,8 +20,18 @@
 //   exp2_approx(v)          2^v by the hardware's approximation (2 ulp), results below 2^-126
 //               flushed to zero: a softmax output that small becomes 0 instead of a denormal
 //               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
+//   copy_async_16_if(pred, smem, gmem)   the copy where `pred` holds, predicated, not branched.
 //   kAsyncCopy  whether the platform has that copy, so that the kernels stage rows through it
 //               (host and device agree: it names the platform, not the device pass).
+//   cluster_rank() / cluster_sync() / cluster_peer(p, rank)   thread-block clusters (NVIDIA
+//               sm_90+): the block's rank in its cluster, a barrier of all the cluster's threads
+//               that orders the shared-memory writes before it with the reads after it, and the
+//               address of shared variable p in block `rank` of the cluster. Only kernels the
+//               host launched in clusters call them (device code without them is never asked).
+//   cluster_launch_supported(kernel) / launch_in_clusters(...)   host: whether the device can
+//               launch `kernel` in clusters (the device and the kernel's binary both sm_90+), and
+//               such a launch; neither exists on AMD, where the answer is no. (The kernel must have been
+//               compiled for compute_90 or later: its ptxVersion is that of its device pass.)
 #pragma once
 
 #include <stdint.h>
@@ -140,6 +150,15 @@ __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
 }
+// The copy only where `pred` holds, under the instruction's own predicate: the addresses are
+// computed whether or not it copies, so the compiler cannot move them into a branch per copy
+// and recompute each one there from scratch.
+__device__ __forceinline__ void copy_async_16_if(bool pred, void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
+               "l"(gmem), "r"(static_cast<int>(pred))
+               : "memory");
+}
 __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
@@ -150,8 +169,81 @@ __device__ __forceinline__ void copy_async_reuse_fence() { __syncwarp(); }
 __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
   *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 }
+__device__ __forceinline__ void copy_async_16_if(bool pred, void* smem, const void* gmem) {
+  if (pred) copy_async_16(smem, gmem);
+}
 __device__ __forceinline__ void copy_async_wait() {}
 __device__ __forceinline__ void copy_async_reuse_fence() {}
+#endif
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+template <typename V> __device__ __forceinline__ const V* cluster_peer(const V* p, unsigned rank) {
+  uint64_t a;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
+  return reinterpret_cast<const V*>(a);
+}
+#else
+__device__ __forceinline__ unsigned cluster_rank() { return 0; }
+__device__ __forceinline__ void cluster_sync() {}
+template <typename V> __device__ __forceinline__ const V* cluster_peer(const V* p, unsigned) { return p; }
+#endif
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA)
+template <typename... Params> bool cluster_launch_supported(void (*kernel)(Params...), int dev) {
+  int can = 0;
+  cudaFuncAttributes attr;
+  return cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, dev) == cudaSuccess && can &&
+         cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)) == cudaSuccess && attr.ptxVersion >= 90;
+}
+template <typename... Params, typename... Args>
+hipError_t launch_in_clusters(void (*kernel)(Params...), unsigned blocks, unsigned threads, size_t shared,
+                              hipStream_t stream, unsigned cluster, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+// How many clusters of `cluster` such blocks the device runs at once (0 if none, or unknown).
+template <typename... Params>
+int max_active_clusters(void (*kernel)(Params...), unsigned threads, size_t shared, unsigned cluster) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int n = 0;
+  return cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &config) == cudaSuccess ? n : 0;
+}
+#else
+template <typename... Params> bool cluster_launch_supported(void (*)(Params...), int) { return false; }
+template <typename... Params, typename... Args>
+hipError_t launch_in_clusters(void (*)(Params...), unsigned, unsigned, size_t, hipStream_t, unsigned, Args...) {
+  return hipErrorInvalidValue;
+}
+template <typename... Params> int max_active_clusters(void (*)(Params...), unsigned, size_t, unsigned) { return 0; }
 #endif
 
 // The widest group size (threads sharing one row) that every supported warp width can hold.

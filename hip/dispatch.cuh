@@ -65,11 +65,20 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
+  int max_cluster = 1;      // most blocks of a cluster the stream may launch (1: no clusters)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
-// Stat, the (max, sum) pair in float64), left out of a block's stage.
-constexpr int kStaticSharedBytes = kMaxWarpsPerBlock * static_cast<int>(sizeof(MaxSum<double>));
+// Stat, the (max, sum) pair in float64, and rows_stream's two cluster exchange slots), left out of
+// a block's stage.
+constexpr int kStaticSharedBytes = (kMaxWarpsPerBlock + 2) * static_cast<int>(sizeof(MaxSum<double>));
+// Blocks of a cluster that splits a row too long for one block's stage: 8 is the most every
+// cluster-capable GPU launches without opting in.
+constexpr int kMaxCluster = 8;
+
+// A kernel that stands for all in the question whether the loaded binary can run clusters: every
+// kernel is built for the same architectures. (A template, so that each file may hold one.)
+template <int> __global__ void cluster_probe() {}
 
 inline int device_info(DeviceInfo* out) {
   constexpr int kMaxDevices = 64;
@@ -88,6 +97,7 @@ inline int device_info(DeviceInfo* out) {
     int optin = 0;
     e = hipDeviceGetAttribute(&optin, hipDeviceAttributeSharedMemPerBlockOptin, dev);
     info.stage_bytes = optin - kStaticSharedBytes;
+    if (e == hipSuccess && cluster_launch_supported(cluster_probe<0>, dev)) info.max_cluster = kMaxCluster;
   }
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -103,7 +113,8 @@ struct Plan {
   int pack = 1, packs = 1, group = 1, rows_per_group = 1, threads = 0;
   int64_t blocks = 0, chunks = 1, chunk_cols = 0;
   int64_t stage = 0;  // dynamic shared memory per block, bytes (every family that stages)
-  bool resident = false;  // rows_stream: the whole row stays in the stage (kStreamResident)
+  bool resident = false;  // rows_stream: the whole chunk stays in the stage (kStreamResident)
+  int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
 };
 constexpr int kNaiveFamily = 100;
 
@@ -124,9 +135,11 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 
 // rows_stream for rows of `cols` elements: as many threads as the row's steps need (up to
 // kStreamThreads, or `threads`), the row split into `chunks` (0: enough chunks to fill the GPU),
-// and the whole row resident in the stage where it fits. False if the stage cannot fit.
+// and (`on_chip`) the whole row resident in the stage where it fits, or in a cluster's stages.
+// False if the stage cannot fit.
 template <typename Op>
-bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out) {
+bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out,
+                 bool on_chip = true) {
   using T = typename Op::Storage;
   const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
   const int64_t packs = ceil_div(cols, pack);
@@ -148,9 +161,27 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
   // all of a block's shared memory, which leaves one block an SM (H200, 16-bit backward of rows
   // of 32768, 128 KiB: 66% -> 92% of copy bandwidth; half the memory would exclude it).
   const int64_t steps = ceil_div(cols, step * unroll);
-  if (p.chunks == 1 && p.stage > 0 && p.stage * steps <= dev.stage_bytes) {
-    p.resident = true;
-    p.stage *= steps;
+  if (on_chip && p.stage > 0 && p.chunks == 1) {
+    if (p.stage * steps <= dev.stage_bytes) {
+      p.resident = true;
+      p.stage *= steps;
+    } else if (chunks == 0) {
+      // A row too long for one block's stage is split over a cluster of blocks, each holding its
+      // chunk resident, that merge their statistics through each other's shared memory: still
+      // one read of global memory, where two passes read it twice (H200: float32 backward of
+      // rows of 32768, 256 KiB, in two blocks).
+      for (int k = 2; k <= dev.max_cluster; ++k) {
+        const int64_t chunk_steps = ceil_div(steps, k);
+        if (p.stage * chunk_steps > dev.stage_bytes) continue;
+        p.chunk_cols = chunk_steps * step * unroll;
+        p.chunks = p.cluster = static_cast<int>(ceil_div(cols, p.chunk_cols));
+        p.blocks = std::min<int64_t>(rows * p.cluster,
+                                     static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm / p.cluster * p.cluster);
+        p.resident = true;
+        p.stage *= chunk_steps;
+        break;
+      }
+    }
   }
   *out = p;
   return true;
@@ -234,8 +265,13 @@ inline Plan plan_naive(int64_t rows, int64_t cols, int pack, const DeviceInfo& d
   return p;
 }
 
+// A requested grid cap (softmax_problem.blocks), kept a whole number of clusters.
+inline void cap_blocks(Plan* p, int cap) {
+  if (cap > 0) p->blocks = std::max<int64_t>(p->cluster, std::min<int64_t>(p->blocks, cap / p->cluster * p->cluster));
+}
+
 inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
-  return p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
+  return p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 && p.cluster == 1 ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
 }
 
 inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t len) {
@@ -243,10 +279,10 @@ inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t le
   const char* name = p.family == kNaiveFamily ? "naive" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0);
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster);
   return SOFTMAX_OK;
 }
 
@@ -271,7 +307,21 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
       return fail(SOFTMAX_ERROR_RUNTIME, "%s: %lld bytes of shared memory: %s", family,
                   static_cast<long long>(p.stage), hipGetErrorString(e));
   }
-  kernel<<<dim3(static_cast<unsigned>(p.blocks)), dim3(p.threads), static_cast<size_t>(p.stage), s>>>(args...);
+  int64_t blocks = p.blocks;
+  if (p.cluster > 1) {
+    // The clusters walk their rows refilling their stages as they go: clusters past those that
+    // run at once would start with a fill that nothing of theirs overlaps (H200, float32 rows
+    // of 131072 in clusters of 3: 67% -> 70%; backward 62% -> 66%).
+    const int fit = max_active_clusters(kernel, static_cast<unsigned>(p.threads), static_cast<size_t>(p.stage),
+                                        static_cast<unsigned>(p.cluster));
+    if (fit > 0) blocks = std::min<int64_t>(blocks, int64_t{fit} * p.cluster);
+    const hipError_t e = launch_in_clusters(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(p.threads),
+                                            static_cast<size_t>(p.stage), s, static_cast<unsigned>(p.cluster), args...);
+    if (e != hipSuccess)
+      return fail(SOFTMAX_ERROR_RUNTIME, "launching %s in clusters of %d: %s", family, p.cluster, hipGetErrorString(e));
+  } else {
+    kernel<<<dim3(static_cast<unsigned>(blocks)), dim3(p.threads), static_cast<size_t>(p.stage), s>>>(args...);
+  }
   return launch_status(family);
 }
 
@@ -322,6 +372,12 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
         return launch(rows_block<Op, kPack, decltype(k)::value>, "rows_block", p, s, op, rows);
       });
     case SOFTMAX_FAMILY_STREAM:
+      if (p.cluster > 1) {
+        if constexpr (kPack > 1 && Op::kStageStream && kAsyncCopy)  // only staged rows are resident
+          return launch(rows_stream<Op, kPack, true>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols,
+                        int{kStreamResident}, ws);
+        return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a cluster plan for rows that are not staged");
+      }
       if (p.chunks == 1)
         return launch(rows_stream<Op, kPack>, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols,
                       int{p.resident ? kStreamResident : kStreamWhole}, ws);
@@ -371,6 +427,7 @@ inline int check_problem(const softmax_problem_t* p) {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "threads=%d: expected 0 (automatic) or a multiple of %d up to %d",
                 p->threads, kBlockThreadsQuantum, kMaxBlockThreads);
   if (p->chunks < 0) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "chunks=%lld: expected >= 0", static_cast<long long>(p->chunks));
+  if (p->blocks < 0) return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "blocks=%d: expected >= 0", p->blocks);
   if (p->rows > 0 && p->cols > 0 && (!p->x || !p->out))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "input or output pointer is NULL");
   return SOFTMAX_OK;

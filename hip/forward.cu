@@ -97,6 +97,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
+  cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);

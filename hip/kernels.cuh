@@ -163,7 +163,16 @@ __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int o = s.off<kPack>(j);
-      if (reach.template whole<kPack>(o)) copy_async_16(st.slot(j), p + o);
+      // Masked 16-bit rows copy under the instruction's own predicate: every address is computed
+      // once, where a branch per copy made the compiler recompute each from the row's start
+      // (H200: 16-bit masked rows_block +3-5 points). float32 rows_block at its 64-register cap
+      // spilled more with every address live at once and lost 13 points, and the 16-bit
+      // resident stream lost 6-10, so they branch.
+      if constexpr (sizeof(T) == 2 && kCut) {
+        copy_async_16_if(reach.template whole<kPack>(o), st.slot(j), p + o);
+      } else if (reach.template whole<kPack>(o)) {
+        copy_async_16(st.slot(j), p + o);
+      }
     }
   }
 }
@@ -409,6 +418,12 @@ template <typename T, int kMask> struct ForwardOp {
   template <int kPack, int kPacks>
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
+    if constexpr (kMask == kBoolMask && kPack > 1 && sizeof(T) <= 4) {
+      if (sizeof(T) == 2 || st) {  // `st` is known where this is inlined: staged or not
+        load_bool<kPack, kPacks>(w, s, bound, live, v, st);
+        return;
+      }
+    }
     load_span<C, T, kPack, kPacks, kMasked>(w.x, s, bound, live, v, st);
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
     // the others, and the boolean mask's False columns, become the pad. The mask is read a pack
@@ -445,6 +460,68 @@ template <typename T, int kMask> struct ForwardOp {
       } else {
 #pragma unroll
         for (int i = 0; i < kPack; ++i) x[i] = i < n ? scaled(x[i], add[i]) : pad();
+      }
+    }
+  }
+
+  // The boolean loader of vector packs (16-bit rows, and staged float32 rows). Each pack read
+  // whole (see Reach) gives its logits and its mask's bytes as one word; a causal cut clears the
+  // bytes from the limit on, and each column is then one test of its byte and a select. What
+  // comes from global memory is read for every pack before any of it is used (a use between two
+  // loads holds the second until the first has arrived, and the branches around partial packs
+  // keep the compiler from moving loads ahead of them): the logits where they are not staged,
+  // and the mask words of 16-bit rows. Staged logits are read from their slots as they are
+  // used, and float32 mask words with them, which keeps the registers of rows held at a tight
+  // cap (H200: reading everything first spilled in rows_block and lost 10-55 points; 16-bit
+  // masked rows gained 7-16 points in rows_warp, 3-8 in rows_block; unstaged float32 rows keep
+  // the general loader, which was faster for them). A pack that the span's end cuts (rows not
+  // a multiple of a pack) is read element by element.
+  template <int kPack, int kPacks>
+  __device__ __forceinline__ void load_bool(const Row& w, const Span& s, int64_t bound, bool live, C* v,
+                                            const Stage* st) const {
+    using Bits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
+    constexpr Bits kAll = static_cast<Bits>(0x0101010101010101ull);
+    const T* p = w.x + s.base;
+    const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
+    const Reach<true> reach(s, bound, live);
+    const bool words_first = sizeof(T) == 2 || !st;
+    auto read_word = [&](int o) -> Bits {
+      if (!m) return kAll;
+      if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
+      Bits b = 0;
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
+      return b;
+    };
+    T raw[kPacks][kPack];
+    Bits bits[kPacks];
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int o = s.off<kPack>(j);
+      bits[j] = 0;
+      if (reach.template whole<kPack>(o)) {
+        if (!st) load_pack<T, kPack>(p + o, raw[j]);
+        if (words_first) bits[j] = read_word(o);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int o = s.off<kPack>(j);
+      const int n = reach.template n<kPack>(o);
+      C* x = v + j * kPack;
+      if (reach.template whole<kPack>(o)) {
+        if (st) load_pack<T, kPack>(static_cast<const T*>(st->slot(j)), raw[j]);
+        if (!words_first) bits[j] = read_word(o);
+        const Bits b = n < kPack ? bits[j] & ((Bits{1} << (8 * n)) - 1) : bits[j];  // 1 <= n: the causal cut
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) x[i] = b & (Bits{0xff} << (8 * i)) ? static_cast<C>(to_compute(raw[j][i])) : pad();
+      } else if (n > 0) {
+#pragma unroll
+        for (int i = 0; i < kPack; ++i)
+          x[i] = i < n && (!m || m[(o + i) * mask_col_stride]) ? static_cast<C>(to_compute(p[o + i])) : pad();
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) x[i] = pad();
       }
     }
   }
@@ -715,14 +792,19 @@ __global__ void __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlo
 //   kStreamStats  write the chunk's partial statistic to ws[row * chunks + chunk]
 //   kStreamApply  merge the row's partials, then apply to the chunk. Blocks run in reverse
 //                 order, so the chunks read last by the stats launch (still in L2) go first.
-//   kStreamResident  chunks == 1 and the whole row fits the stage (staged ops only): the row is
-//                 copied into it once (step s into slots s * kSlots...), both passes read it
-//                 there, and the second pass refills each step's slots with the block's next row
-//                 as soon as it has read them. Global memory is read once instead of twice.
+//   kStreamResident  the whole chunk fits the stage (staged ops only): the chunk is copied into
+//                 it once (step s into slots s * kSlots...), both passes read it there, and the
+//                 second pass refills each step's slots with the block's next row as soon as it
+//                 has read them. Global memory is read once instead of twice. kCluster: the
+//                 grid was launched in clusters of `chunks` blocks, one per chunk of a row (block
+//                 b is rank b % chunks): the blocks of a cluster walk the same rows and merge
+//                 their statistics through each other's shared memory. (A kernel of its own:
+//                 the cluster code cost the single-block resident stream 6-11 points on the
+//                 H200, though never executed there.)
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 
-template <typename Op, int kPack>
+template <typename Op, int kPack, bool kCluster = false>
 __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
@@ -775,11 +857,13 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     }
   };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
-    const typename Op::Row w = op.prefetch_row(blockIdx.x);
-    each_resident_step(0, op.cols, [&](const Span& span, const Stage& st) {
+    const typename Op::Row w = op.prefetch_row(kCluster ? blockIdx.x / chunks : blockIdx.x);
+    const int64_t begin = kCluster ? blockIdx.x % chunks * chunk_cols : 0;
+    each_resident_step(begin, min(op.cols, begin + chunk_cols), [&](const Span& span, const Stage& st) {
       op.template prefetch<kPack, kUnroll>(w, span, true, st);
     });
   }
+  int parity = 0;  // kCluster: which of the two exchange slots this row uses
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
     const int64_t r = id / chunks, chunk = id % chunks;
@@ -801,6 +885,17 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
         if (threadIdx.x == 0) ws[id] = st;
         continue;
       }
+      if constexpr (kCluster) {
+        // Every block merges the cluster's partials in rank order, so all apply the same
+        // statistic. Slots alternate by row: a block writes a slot again only after the barrier
+        // of the next row, which its peers reach after reading it.
+        __shared__ Stat partial[2];
+        if (threadIdx.x == 0) partial[parity] = st;
+        cluster_sync();
+        st = *cluster_peer(&partial[parity], 0);
+        for (int k = 1; k < chunks; ++k) st = op.merge()(st, *cluster_peer(&partial[parity], k));
+        parity ^= 1;
+      }
       fin = Op::finalize(st);
     } else {
       Stat st = Op::stat_init();
@@ -809,7 +904,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     }
     typename Op::Row next;
     const bool refills = resident && b + gridDim.x < nblocks;
-    if (refills) next = op.prefetch_row(b + gridDim.x);
+    if (refills) next = op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x);
     pass(w, begin, end, stop, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       op.template store<kPack, kUnroll>(w, span, v);
@@ -820,6 +915,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       op.template store<kPack, kUnroll>(w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end}, zeros);
     }
   }
+  if constexpr (kCluster) cluster_sync();  // no block leaves while a peer may read its partials
 }
 
 // ---------------------------------------------------------------------------------------------

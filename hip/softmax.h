@@ -75,7 +75,7 @@ typedef struct softmax_problem {
   int32_t family;    /* softmax_family: SOFTMAX_FAMILY_AUTO, or force one (tests, tuning) */
   int64_t chunks;    /* rows_stream split per row: 0 = the dispatcher decides (tests, tuning) */
   int32_t threads;   /* rows_block / rows_stream threads per block: 0 = the dispatcher decides */
-  int32_t reserved;
+  int32_t blocks;    /* grid size cap: 0 = the dispatcher decides (tests: blocks that walk many rows) */
   int64_t mask_shape[SOFTMAX_MAX_DIMS];
   int64_t mask_stride[SOFTMAX_MAX_DIMS]; /* elements; 0 where the mask broadcasts */
   int64_t mask_col_stride;

@@ -47,7 +47,7 @@ class Problem(ctypes.Structure):
         ("family", ctypes.c_int32),
         ("chunks", ctypes.c_int64),
         ("threads", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("blocks", ctypes.c_int32),
         ("mask_shape", ctypes.c_int64 * MAX_DIMS),
         ("mask_stride", ctypes.c_int64 * MAX_DIMS),
         ("mask_col_stride", ctypes.c_int64),

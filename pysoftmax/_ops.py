@@ -314,7 +314,7 @@ def _walkable(a):
     return arr, max(arr.shape[-1], 1) if arr.ndim else 1
 
 
-def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family, chunks, threads):
+def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family, chunks, threads, blocks):
     """Common tail of every operation: device/stream, copies, output, workspace, launch.
 
     `inputs` are the already validated _Arr operands (x, or y and dy); `fill(problem, arrays,
@@ -345,7 +345,7 @@ def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family,
             p = _lib.Problem()
             p.algo, p.rows, p.cols = algo, rows_cols[0], rows_cols[1]
             p.out, p.out_row_stride = target.data.ptr, target_stride
-            p.family, p.chunks, p.threads = family, chunks, threads
+            p.family, p.chunks, p.threads, p.blocks = family, chunks, threads, blocks
             keep = fill(p, arrays, strides)
             ws = _workspace(p, direction)
             launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
@@ -457,12 +457,13 @@ def _axis(axis, ndim):
 
 
 def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=False, out=None, stream=None,
-            family=_lib.FAMILY_AUTO, chunks=0, threads=0):
+            family=_lib.FAMILY_AUTO, chunks=0, threads=0, blocks=0):
     """Forward softmax with every option; the public functions are thin views of this.
 
-    `family`, `chunks` and `threads` override the dispatcher (tests and tools/tune.py)."""
-    if (mask is None and stream is None and axis == -1 and type(axis) is int and family == chunks == threads == 0
-            and type(causal) is bool and cupy is not None):
+    `family`, `chunks`, `threads` and `blocks` (a grid cap) override the dispatcher (tests and
+    tools/tune.py)."""
+    if (mask is None and stream is None and axis == -1 and type(axis) is int
+            and family == chunks == threads == blocks == 0 and type(causal) is bool and cupy is not None):
         y = _fast(_lib.FORWARD, algo, (x,), out, scale, causal)
         if y is not None:
             return y
@@ -489,7 +490,8 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
         _need_cupy()
         xa.device()  # raises SoftmaxError without a usable GPU, before CuPy is asked for a view
         moved = cupy.moveaxis(xa.cupy(), axis, -1)
-        y = forward(moved, algo=algo, scale=scale, stream=stream, family=family, chunks=chunks, threads=threads)
+        y = forward(moved, algo=algo, scale=scale, stream=stream, family=family, chunks=chunks, threads=threads,
+                    blocks=blocks)
         y = cupy.moveaxis(y, -1, axis)
         if oa is None:
             return y
@@ -517,13 +519,13 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
         return arrays, state
 
     shape = xa.shape
-    return _run(_lib.FORWARD, algo, [xa], ma, oa, shape, xa.dtype, fill, stream, family, chunks, threads)
+    return _run(_lib.FORWARD, algo, [xa], ma, oa, shape, xa.dtype, fill, stream, family, chunks, threads, blocks)
 
 
 def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=None, family=_lib.FAMILY_AUTO,
-                  chunks=0, threads=0):
+                  chunks=0, threads=0, blocks=0):
     """Backward softmax with every option; `backward` and `naive_backward` are views of this."""
-    if stream is None and family == chunks == threads == 0 and cupy is not None:
+    if stream is None and family == chunks == threads == blocks == 0 and cupy is not None:
         dx = _fast(_lib.BACKWARD, algo, (y, dy), out, scale, False)
         if dx is not None:
             return dx
@@ -545,10 +547,12 @@ def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=No
         p.scale = scale
         return arrays
 
-    return _run(_lib.BACKWARD, algo, [ya, da], None, oa, ya.shape, ya.dtype, fill, stream, family, chunks, threads)
+    return _run(_lib.BACKWARD, algo, [ya, da], None, oa, ya.shape, ya.dtype, fill, stream, family, chunks, threads,
+                blocks)
 
 
-def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, threads=0, aligned=True):
+def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, threads=0, blocks=0,
+         aligned=True):
     """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
 
     For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
@@ -565,7 +569,7 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
     p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
                 "stream": _lib.FAMILY_STREAM}[family]
-    p.chunks, p.threads = chunks, threads
+    p.chunks, p.threads, p.blocks = chunks, threads, blocks
     buf = ctypes.create_string_buffer(512)
     _lib.check(_lib.lib().softmax_describe(ctypes.byref(p), 0 if direction == "forward" else 1, buf, len(buf)))
     out = {}

@@ -129,6 +129,33 @@ def test_stream_resident(cols, dtype):
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"resident={plan['resident']} seed={g.seed}")
 
 
+def clusters():
+    """Whether the GPU launches thread-block clusters (NVIDIA sm_90+), in which rows longer than
+    one block's stage are split and still kept resident."""
+    return async_copy() and int(cupy.cuda.Device().compute_capability) >= 90
+
+
+@pytest.mark.parametrize("cols,dtype,blocks", [(70000, "float32", 0), (70000, "float32", 4), (150000, "float16", 2),
+                                               (140000, "float32", 0)])
+def test_stream_cluster(cols, dtype, blocks):
+    """Rows longer than a block's stage (280-560 KiB), split over a cluster of 2 or 3 blocks that
+    each keep their chunk resident and merge their statistics through each other's shared memory:
+    with the automatic grid, and with grids of one or two clusters that walk every row (refilling
+    their stages as they go). Where the GPU has no clusters the same rows are streamed twice."""
+    g = rng()
+    rows = 4 * sms() + 2  # enough rows that the stream's 512-thread blocks need no split of their own
+    plan = _ops.plan((rows, cols), dtype, blocks=blocks)
+    expect = {70000: 2, 150000: 2, 140000: 3}[cols] if clusters() and big_stage() else 1
+    assert plan["family"] == "stream" and plan["cluster"] == expect, plan
+    assert plan["resident"] == (expect > 1) and plan["chunks"] == expect and plan["workspace"] == 0, plan
+    if blocks:
+        assert plan["blocks"] == blocks, plan
+    assert _ops.plan((rows, cols), dtype, aligned=False)["cluster"] == 1  # element-wise rows are never staged
+    x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
+    y = _ops.forward(to_device(x64, dtype), out=poisoned((rows, cols), dtype), blocks=blocks)
+    assert_close(to_host64(y), ref_softmax(x64), dtype, f"cluster={plan['cluster']} seed={g.seed}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_block_to_resident_stream(dtype):
     """Automatic dispatch on both sides of the switch from rows_block to the resident stream: a
@@ -157,7 +184,8 @@ def test_plan_crosses_thresholds():
     assert _ops.plan((64, 1000), "float32")["pack"] == 4
     assert _ops.plan((64, 1000), "float32", aligned=False)["pack"] == 1
     assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
-    assert _ops.plan((4096, 1 << 18), "float32")["chunks"] == 1
+    many = _ops.plan((4096, 1 << 18), "float32")  # many long rows: no split into two launches
+    assert many["chunks"] == many["cluster"] and many["workspace"] == 0, many
     assert _ops.plan((1, 1 << 24), "float32", algo="online")["family"] == "stream"
     assert _ops.plan((64, 10), "float32", algo="naive")["family"] == "naive"
     # Many rows too long for a block of kBlockMaxAutoThreads: the stream, with the row resident,
@@ -170,12 +198,15 @@ def test_plan_crosses_thresholds():
         assert fam(32768, dt) == "block"
         assert _ops.plan((8192, 32768), dt, threads=1024)["family"] == "block"  # a requested block size
     assert _ops.plan((8192, 16384), "float16")["family"] == "block"
-    # A row resident only while its stage fits the block's shared memory (16-bit backward: 32 KiB
-    # a step of 512 threads, 8192 columns; 4 steps fit 227 KiB, 8 fit no GPU's).
+    # A row resident in one block only while its stage fits the block's shared memory (16-bit
+    # backward: 32 KiB a step of 512 threads, 8192 columns; 4 steps fit 227 KiB, 8 fit no GPU's),
+    # then in a cluster of blocks where the GPU has clusters, else streamed twice.
     if big_stage():
         bwd = lambda cols: _ops.plan((8192, cols), "float16", direction="backward")
-        assert bwd(32768)["resident"] == 1 and bwd(32768)["stage"] == 128 << 10
-        assert bwd(65536)["resident"] == 0 and bwd(65536)["family"] == "stream"
+        assert bwd(32768)["resident"] == 1 and bwd(32768)["stage"] == 128 << 10 and bwd(32768)["cluster"] == 1
+        longer = bwd(65536)
+        assert longer["family"] == "stream" and longer["resident"] == (1 if clusters() else 0), longer
+        assert longer["cluster"] == (2 if clusters() else 1) and longer["stage"] == (128 << 10 if clusters() else 64 << 10)
 
 
 # ----------------------------------------------------------------------------------------------

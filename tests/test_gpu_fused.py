@@ -219,24 +219,33 @@ def test_backward_split_rows(chunks):
 def test_backward_stream_resident(cols, dtype):
     """Backward rows_stream with y and dy resident in the stage (one read of each): rows of 1000
     on more rows than the grid has blocks (refills), 16-bit rows of 40000 in five steps (160 KiB,
-    where the GPU allows it); unaligned rows, and float32 rows of 40000 (320 KiB), streamed twice."""
+    where the GPU allows it), float32 rows of 40000 (320 KiB) in a cluster of two blocks where the
+    GPU has clusters (else streamed twice); unaligned rows streamed twice. Each also on a grid of
+    two blocks (or clusters) that walk every row."""
     g = rng()
     dev = cupy.cuda.Device()
     staged = not cupy.cuda.runtime.is_hip and int(dev.compute_capability) >= 80
+    big = staged and dev.attributes["MaxSharedMemoryPerBlockOptin"] >= 200 << 10
+    clusters = big and int(dev.compute_capability) >= 90
     rows = 32 * dev.attributes["MultiProcessorCount"] + 76 if cols < 10000 else 700
     plan = _ops.plan((rows, cols), dtype, family="stream", direction="backward")
-    assert plan["chunks"] == 1, plan
+    assert plan["chunks"] == plan["cluster"], plan
     if cols == 1000:
         assert plan["resident"] == (1 if staged else 0), plan
-    elif cols == 1001 or dtype == "float32":
+    elif cols == 1001:
         assert plan["resident"] == 0, plan
-    elif staged and dev.attributes["MaxSharedMemoryPerBlockOptin"] >= 200 << 10:
+    elif dtype == "float32":  # 320 KiB: two blocks of a cluster, 192 KiB each, or streamed twice
+        assert (plan["resident"], plan["cluster"]) == ((1, 2) if clusters else (0, 1)), plan
+        assert not clusters or plan["stage"] == 192 << 10, plan
+    elif big:
         assert plan["resident"] == 1 and plan["stage"] == 160 << 10, plan
     y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
     dy64 = rounded(g.standard_normal((rows, cols)), dtype)
-    dx = _ops.backward_impl(to_device(y64, dtype), to_device(dy64, dtype), scale=0.7, family=3,
-                            out=poisoned((rows, cols), dtype))
-    assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"resident={plan['resident']} seed={g.seed}")
+    for blocks in (0, 2 * plan["cluster"]):  # the automatic grid, and one that walks every row
+        dx = _ops.backward_impl(to_device(y64, dtype), to_device(dy64, dtype), scale=0.7, family=3, blocks=blocks,
+                                out=poisoned((rows, cols), dtype))
+        assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"resident={plan['resident']} blocks={blocks} "
+                          f"seed={g.seed}")
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -25,12 +25,13 @@ static void report(const char* op, const char* what, int family, int pack, int t
            static_cast<long long>(p.stage), p.resident ? 1 : 0);
 }
 
-template <typename Op> void check(const char* op, int64_t stage_bytes) {
+template <typename Op> void check(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
   DeviceInfo dev;
   dev.sms = 132;
   dev.warp = 32;
   dev.stage_bytes = stage_bytes - kStaticSharedBytes;
+  dev.max_cluster = max_cluster;
   for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
@@ -72,29 +73,36 @@ template <typename Op> void check(const char* op, int64_t stage_bytes) {
               const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
               const int64_t step = pack > 1 && kAsyncCopy && Op::kStageStream
                                        ? int64_t{p.threads} * unroll * Op::kStaged * kPackBytes : 0;
-              // Resident: one step's slots for each step of the (single) chunk, as the kernel indexes them.
-              const int64_t steps = (cols + int64_t{p.threads} * pack * unroll - 1) / (int64_t{p.threads} * pack * unroll);
-              if (p.resident && (p.chunks != 1 || step == 0))
-                report(op, "rows_stream resident without a stage or with chunks", family, pack, threads, cols, p);
-              if (p.stage != (p.resident ? step * steps : step))
+              // Resident: one step's slots for each step of the block's chunk, as the kernel indexes them.
+              const int64_t stride = int64_t{p.threads} * pack * unroll;
+              const int64_t steps = (cols + stride - 1) / stride, chunk_steps = (p.chunk_cols + stride - 1) / stride;
+              if (p.resident && (p.chunks != p.cluster || step == 0))
+                report(op, "rows_stream resident without a stage, or in chunks that are not a cluster", family, pack, threads, cols, p);
+              if (p.cluster > 1 && (p.cluster > dev.max_cluster || p.blocks % p.cluster || p.chunk_cols % stride ||
+                                    (p.chunks - 1) * p.chunk_cols >= cols))
+                report(op, "rows_stream cluster malformed", family, pack, threads, cols, p);
+              if (p.stage != (p.resident ? step * chunk_steps : step))
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
               if (!p.resident && p.chunks == 1 && step > 0 && step * steps <= dev.stage_bytes)
                 report(op, "rows_stream not resident where the row fits the stage", family, pack, threads, cols, p);
+              if (!p.resident && p.chunks == 1 && step > 0 &&
+                  step * ((steps + dev.max_cluster - 1) / dev.max_cluster) <= dev.stage_bytes)
+                report(op, "rows_stream not in a cluster where one holds the row", family, pack, threads, cols, p);
             }
           }
         }
 }
 
-template <typename T> void check_dtype(const char* name, int64_t stage_bytes) {
+template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
   char op[64];
   snprintf(op, sizeof op, "forward %s", name);
-  check<ForwardOp<T, kNoMask>>(op, stage_bytes);
+  check<ForwardOp<T, kNoMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+bool mask %s", name);
-  check<ForwardOp<T, kBoolMask>>(op, stage_bytes);
+  check<ForwardOp<T, kBoolMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+float mask %s", name);
-  check<ForwardOp<T, kAddMask>>(op, stage_bytes);
+  check<ForwardOp<T, kAddMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "backward %s", name);
-  check<BackwardOp<T>>(op, stage_bytes);
+  check<BackwardOp<T>>(op, stage_bytes, max_cluster);
 }
 
 // The row divisor's multiply-and-shift quotient (kernels.cuh) against the hardware's, for every
@@ -127,11 +135,13 @@ static void check_divisors() {
 
 int main() {
   check_divisors();
+  // H100/H200 launch clusters; A100 and sm_86/sm_89 GPUs do not.
   for (int64_t smem : {int64_t{227} << 10, int64_t{163} << 10, int64_t{99} << 10}) {
-    check_dtype<float>("float32", smem);
-    check_dtype<__half>("float16", smem);
-    check_dtype<bf16_t>("bfloat16", smem);
-    check_dtype<double>("float64", smem);
+    const int max_cluster = smem == int64_t{227} << 10 ? kMaxCluster : 1;
+    check_dtype<float>("float32", smem, max_cluster);
+    check_dtype<__half>("float16", smem, max_cluster);
+    check_dtype<bf16_t>("bfloat16", smem, max_cluster);
+    check_dtype<double>("float64", smem, max_cluster);
   }
   printf("plans=%lld violations=%d\n", static_cast<long long>(plans), violations);
   return violations ? 1 : 0;
