@@ -28,10 +28,12 @@
 //               that orders the shared-memory writes before it with the reads after it, and the
 //               address of shared variable p in block `rank` of the cluster. Only kernels the
 //               host launched in clusters call them (device code without them is never asked).
-//   cluster_launch_supported(kernel) / launch_in_clusters(...)   host: whether the device can
-//               launch `kernel` in clusters (the device and the kernel's binary both sm_90+), and
-//               such a launch; neither exists on AMD, where the answer is no. (The kernel must have been
-//               compiled for compute_90 or later: its ptxVersion is that of its device pass.)
+//   cluster_launch_supported(kernel, dev) / launch_in_clusters(...) / max_active_clusters(...)
+//               host: whether device `dev` can launch `kernel` in clusters (the device sm_90+, and
+//               the kernel compiled for compute_90 or later: its ptxVersion is that of its device
+//               pass), such a launch, and how many such clusters run at once. None exists on AMD,
+//               where the answers are no and 0. A failed query is cleared, so that the next
+//               launch's error check does not report it.
 #pragma once
 
 #include <stdint.h>
@@ -200,8 +202,12 @@ template <typename V> __device__ __forceinline__ const V* cluster_peer(const V* 
 template <typename... Params> bool cluster_launch_supported(void (*kernel)(Params...), int dev) {
   int can = 0;
   cudaFuncAttributes attr;
-  return cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, dev) == cudaSuccess && can &&
-         cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)) == cudaSuccess && attr.ptxVersion >= 90;
+  if (cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, dev) != cudaSuccess ||
+      (can && cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)) != cudaSuccess)) {
+    cudaGetLastError();
+    return false;
+  }
+  return can && attr.ptxVersion >= 90;
 }
 template <typename... Params, typename... Args>
 hipError_t launch_in_clusters(void (*kernel)(Params...), unsigned blocks, unsigned threads, size_t shared,
@@ -235,7 +241,9 @@ int max_active_clusters(void (*kernel)(Params...), unsigned threads, size_t shar
   config.attrs = attr;
   config.numAttrs = 1;
   int n = 0;
-  return cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &config) == cudaSuccess ? n : 0;
+  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &config) == cudaSuccess) return n;
+  cudaGetLastError();
+  return 0;
 }
 #else
 template <typename... Params> bool cluster_launch_supported(void (*)(Params...), int) { return false; }

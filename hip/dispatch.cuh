@@ -271,7 +271,8 @@ inline void cap_blocks(Plan* p, int cap) {
 }
 
 inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
-  return p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 && p.cluster == 1 ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
+  const bool split = p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 && p.cluster == 1;  // two launches
+  return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
 }
 
 inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t len) {

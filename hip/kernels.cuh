@@ -19,7 +19,8 @@
 //   rows_warp    a group of G <= kMaxGroup lanes holds kRows rows in registers (short rows)
 //   rows_block   a block holds one row in registers (up to kBlockMaxThreads x max_items)
 //   rows_stream  2 passes, optionally split across blocks (any length); where the whole row fits
-//                the block's shared memory it stays there (resident) and global memory is read once
+//                the block's shared memory it stays there (resident) and global memory is read once,
+//                and where it fits a cluster of blocks' (sm_90) each keeps a chunk resident
 //   rows_naive   3 passes over global memory (the reference algorithm, forward only)
 // Bytes moved: rows_warp/rows_block and a resident rows_stream read each input once and write
 // once; otherwise rows_stream reads the inputs twice (the second read often from L2); rows_naive
@@ -213,7 +214,7 @@ enum MaskKind {
 
 // Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
 // and a 32-bit division, which the GPU does not have, costs about 20 instructions; a divisor
-// below 2^32 carries the constants that make it a multiply-high, an add and two shifts
+// below 2^32 carries the constants that make it a multiply-high, a subtract, an add and two shifts
 // (Granlund & Montgomery 1994, "Division by invariant integers using multiplication", the
 // round-up method). H200, 16-bit masked rows: 2-5 points of copy bandwidth on every length.
 // Indices past 2^32 take the 64-bit sequence.

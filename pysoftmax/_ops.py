@@ -314,6 +314,11 @@ def _walkable(a):
     return arr, max(arr.shape[-1], 1) if arr.ndim else 1
 
 
+def _check_blocks(blocks):
+    if not 0 <= blocks < 1 << 31:  # the C field is 32-bit: a larger value would wrap
+        raise ValueError(f"blocks: {blocks} is not a grid size (expected 0 <= blocks < 2**31, 0 = automatic)")
+
+
 def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family, chunks, threads, blocks):
     """Common tail of every operation: device/stream, copies, output, workspace, launch.
 
@@ -462,6 +467,7 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
 
     `family`, `chunks`, `threads` and `blocks` (a grid cap) override the dispatcher (tests and
     tools/tune.py)."""
+    _check_blocks(blocks)
     if (mask is None and stream is None and axis == -1 and type(axis) is int
             and family == chunks == threads == blocks == 0 and type(causal) is bool and cupy is not None):
         y = _fast(_lib.FORWARD, algo, (x,), out, scale, causal)
@@ -525,6 +531,7 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
 def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=None, family=_lib.FAMILY_AUTO,
                   chunks=0, threads=0, blocks=0):
     """Backward softmax with every option; `backward` and `naive_backward` are views of this."""
+    _check_blocks(blocks)
     if stream is None and family == chunks == threads == blocks == 0 and cupy is not None:
         dx = _fast(_lib.BACKWARD, algo, (y, dy), out, scale, False)
         if dx is not None:

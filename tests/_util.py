@@ -121,3 +121,25 @@ def assert_grad_close(got, y, dy, scale, dtype, what=""):
     err = float(err.max()) if err.size else 0.0
     assert numpy.isfinite(err) and err <= TOL[dtype], f"{what}: max row error {err:.3e} > {TOL[dtype]:.0e} ({dtype})"
     return err
+
+
+def resident_blocks(cols, step_bytes, stride):
+    """How hip/dispatch.cuh's plan_stream keeps rows of `cols` on chip on this GPU, for rows_stream
+    steps of `stride` columns and `step_bytes` of stage a block (512 threads): 1 where one block's
+    stage holds the row, k > 1 for a cluster of k blocks that each hold a chunk (NVIDIA sm_90+,
+    the fewest of up to 8 blocks that do), 0 where the row is streamed twice."""
+    if cupy.cuda.runtime.is_hip:
+        return 0  # no asynchronous copy: nothing is staged
+    dev = cupy.cuda.Device()
+    cc = int(dev.compute_capability)
+    budget = dev.attributes["MaxSharedMemoryPerBlockOptin"] - 34 * 16  # less kStaticSharedBytes
+    steps = -(-cols // stride)
+    if cc < 80:
+        return 0
+    if steps * step_bytes <= budget:
+        return 1
+    for k in range(2, 9 if cc >= 90 else 2):
+        chunk_steps = -(-steps // k)
+        if chunk_steps * step_bytes <= budget:
+            return -(-cols // (chunk_steps * stride))
+    return 0

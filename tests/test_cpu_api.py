@@ -239,7 +239,7 @@ def test_library_missing_a_symbol(tmp_path):
 # The ctypes mirror of softmax_problem_t against the C header
 
 _FIELDS = ["struct_size", "rows", "x", "dy", "out", "scale", "causal_queries", "mask", "mask_ndim",
-           "family", "chunks", "mask_shape", "mask_stride", "mask_col_stride", "workspace",
+           "family", "chunks", "threads", "blocks", "mask_shape", "mask_stride", "mask_col_stride", "workspace",
            "workspace_bytes"]
 _CONSTANTS = {
     "SOFTMAX_ABI_VERSION": _lib.ABI_VERSION, "SOFTMAX_MAX_DIMS": _lib.MAX_DIMS,
@@ -463,6 +463,13 @@ VALID = {
     "backward": lambda: (lambda y: pysoftmax.backward(y, fake((4, 8)), scale=2, out=y))(fake((4, 8))),
     "naive_backward": lambda: pysoftmax.naive_backward(fake((4, 8)), fake((4, 8))),
 }
+
+
+@pytest.mark.parametrize("blocks", [-1, 1 << 31])
+def test_grid_cap_out_of_range(no_gpu, blocks):
+    """The tests' grid cap is a 32-bit field of the C problem: out of range, it is refused, not wrapped."""
+    with pytest.raises(ValueError, match=rf"^blocks: {blocks} is not a grid size"):
+        _ops.forward(fake((4, 8)), blocks=blocks)
 
 
 @pytest.mark.parametrize("case", VALID)

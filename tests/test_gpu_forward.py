@@ -7,7 +7,8 @@ rows_block, rows_stream with and without a split), in every dtype, with outputs 
 import numpy
 import pytest
 
-from _util import DTYPES, TOL, assert_close, poisoned, ref_softmax, rng, rounded, row_error, to_device, to_host64
+from _util import DTYPES, TOL, assert_close, poisoned, ref_softmax, resident_blocks, rng, rounded, row_error
+from _util import to_device, to_host64
 
 pytestmark = pytest.mark.gpu
 
@@ -129,25 +130,22 @@ def test_stream_resident(cols, dtype):
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"resident={plan['resident']} seed={g.seed}")
 
 
-def clusters():
-    """Whether the GPU launches thread-block clusters (NVIDIA sm_90+), in which rows longer than
-    one block's stage are split and still kept resident."""
-    return async_copy() and int(cupy.cuda.Device().compute_capability) >= 90
-
-
 @pytest.mark.parametrize("cols,dtype,blocks", [(70000, "float32", 0), (70000, "float32", 4), (150000, "float16", 2),
                                                (140000, "float32", 0)])
 def test_stream_cluster(cols, dtype, blocks):
     """Rows longer than a block's stage (280-560 KiB), split over a cluster of 2 or 3 blocks that
     each keep their chunk resident and merge their statistics through each other's shared memory:
     with the automatic grid, and with grids of one or two clusters that walk every row (refilling
-    their stages as they go). Where the GPU has no clusters the same rows are streamed twice."""
+    their stages as they go; on an H200 2, 2 and 3 blocks). Where the GPU has no clusters, or a
+    cluster's stages cannot hold the row, the same rows are streamed twice."""
     g = rng()
     rows = 4 * sms() + 2  # enough rows that the stream's 512-thread blocks need no split of their own
     plan = _ops.plan((rows, cols), dtype, blocks=blocks)
-    expect = {70000: 2, 150000: 2, 140000: 3}[cols] if clusters() and big_stage() else 1
-    assert plan["family"] == "stream" and plan["cluster"] == expect, plan
-    assert plan["resident"] == (expect > 1) and plan["chunks"] == expect and plan["workspace"] == 0, plan
+    pack = 4 if dtype == "float32" else 8
+    expect = resident_blocks(cols, 32 << 10, 512 * pack * 4)  # 4 packs a thread a step, 16 bytes each
+    assert expect != 1, "rows meant to be too long for one block"
+    assert plan["family"] == "stream" and plan["cluster"] == max(expect, 1), plan
+    assert plan["resident"] == (expect > 1) and plan["chunks"] == max(expect, 1) and plan["workspace"] == 0, plan
     if blocks:
         assert plan["blocks"] == blocks, plan
     assert _ops.plan((rows, cols), dtype, aligned=False)["cluster"] == 1  # element-wise rows are never staged
@@ -201,12 +199,14 @@ def test_plan_crosses_thresholds():
     # A row resident in one block only while its stage fits the block's shared memory (16-bit
     # backward: 32 KiB a step of 512 threads, 8192 columns; 4 steps fit 227 KiB, 8 fit no GPU's),
     # then in a cluster of blocks where the GPU has clusters, else streamed twice.
+    bwd = lambda cols, **kw: _ops.plan((8192, cols), "float16", direction="backward", **kw)
     if big_stage():
-        bwd = lambda cols: _ops.plan((8192, cols), "float16", direction="backward")
         assert bwd(32768)["resident"] == 1 and bwd(32768)["stage"] == 128 << 10 and bwd(32768)["cluster"] == 1
-        longer = bwd(65536)
-        assert longer["family"] == "stream" and longer["resident"] == (1 if clusters() else 0), longer
-        assert longer["cluster"] == (2 if clusters() else 1) and longer["stage"] == (128 << 10 if clusters() else 64 << 10)
+    longer, expect = bwd(65536), resident_blocks(65536, 32 << 10, 8192)
+    assert longer["family"] == "stream" and longer["resident"] == (expect > 0), (longer, expect)
+    steps = -(-8 // expect) if expect else 1  # the 8 steps of a row, split over the cluster's blocks
+    assert longer["cluster"] == max(expect, 1) and longer["stage"] == steps * (32 << 10), (longer, expect)
+    assert bwd(1000, algo="naive")["resident"] == 0  # the reference reads global memory twice
 
 
 # ----------------------------------------------------------------------------------------------

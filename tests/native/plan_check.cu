@@ -1,11 +1,13 @@
-// plan_check.cu — host-only check of plan_rows() (hip/dispatch.cuh) over row lengths 1..70000,
+// plan_check.cu — host-only check of plan_rows() (hip/dispatch.cuh) over row lengths 1..70000
+// (and sparsely to 1.1M: clusters of up to 8 blocks, and rows that no cluster holds),
 // every operation, vector and element-wise packs, automatic and forced families, requested block
-// sizes, and three shared-memory sizes (H100/H200, A100, and the 99 KiB of sm_86/sm_89 GPUs).
+// sizes, and the shared memory and cluster support of H100/H200, A100, sm_86/sm_89 and sm_120 GPUs.
 // Also checks the row divisor of kernels.cuh against plain division. Prints one line per violated
 // invariant and "plans=P violations=N" last (P counts the divisions too); built and run by
 // tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
 #include <stdio.h>
 
+#include <utility>
 #include <vector>
 
 #include "dispatch.cuh"
@@ -35,7 +37,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
   for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
-        for (int64_t cols = 1; cols <= 70000; cols += cols < 5000 ? 1 : 7) {
+        for (int64_t cols = 1; cols <= 1100000; cols += cols < 5000 ? 1 : cols < 70000 ? 7 : 4999) {
           if (threads && family != SOFTMAX_FAMILY_BLOCK) continue;
           Plan p;
           const bool ok = plan_rows<Op>(1000, cols, pack, family, 0, threads, dev, &p);
@@ -88,6 +90,10 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               if (!p.resident && p.chunks == 1 && step > 0 &&
                   step * ((steps + dev.max_cluster - 1) / dev.max_cluster) <= dev.stage_bytes)
                 report(op, "rows_stream not in a cluster where one holds the row", family, pack, threads, cols, p);
+              Plan capped = p;  // a requested grid cap keeps whole clusters
+              cap_blocks(&capped, 3 * p.cluster + 1);
+              if (capped.blocks % capped.cluster || capped.blocks < capped.cluster || capped.blocks > p.blocks)
+                report(op, "a grid cap that splits a cluster", family, pack, threads, cols, p);
             }
           }
         }
@@ -135,9 +141,10 @@ static void check_divisors() {
 
 int main() {
   check_divisors();
-  // H100/H200 launch clusters; A100 and sm_86/sm_89 GPUs do not.
-  for (int64_t smem : {int64_t{227} << 10, int64_t{163} << 10, int64_t{99} << 10}) {
-    const int max_cluster = smem == int64_t{227} << 10 ? kMaxCluster : 1;
+  // H100/H200 (227 KiB) and sm_120 GPUs (99 KiB) launch clusters; A100 and sm_86/sm_89 do not.
+  const std::pair<int64_t, int> devices[] = {{int64_t{227} << 10, kMaxCluster}, {int64_t{163} << 10, 1},
+                                             {int64_t{99} << 10, 1}, {int64_t{99} << 10, kMaxCluster}};
+  for (const auto& [smem, max_cluster] : devices) {
     check_dtype<float>("float32", smem, max_cluster);
     check_dtype<__half>("float16", smem, max_cluster);
     check_dtype<bf16_t>("bfloat16", smem, max_cluster);
