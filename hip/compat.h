@@ -209,39 +209,38 @@ template <typename... Params> bool cluster_launch_supported(void (*kernel)(Param
   }
   return can && attr.ptxVersion >= 90;
 }
+// A launch configuration in clusters of `cluster` blocks; the attribute lives beside the
+// configuration that points at it, so the pair is built in place and never copied.
+struct ClusterConfig {
+  cudaLaunchAttribute attr = {};
+  cudaLaunchConfig_t config = {};
+  ClusterConfig(unsigned blocks, unsigned threads, size_t shared, hipStream_t stream, unsigned cluster) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = shared;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  ClusterConfig(const ClusterConfig&) = delete;
+  ClusterConfig& operator=(const ClusterConfig&) = delete;
+};
 template <typename... Params, typename... Args>
 hipError_t launch_in_clusters(void (*kernel)(Params...), unsigned blocks, unsigned threads, size_t shared,
                               hipStream_t stream, unsigned cluster, Args... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+  const ClusterConfig c(blocks, threads, shared, stream, cluster);
+  return cudaLaunchKernelEx(&c.config, kernel, args...);
 }
 // How many clusters of `cluster` such blocks the device runs at once (0 if none, or unknown).
 template <typename... Params>
 int max_active_clusters(void (*kernel)(Params...), unsigned threads, size_t shared, unsigned cluster) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(cluster);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared;
-  config.attrs = attr;
-  config.numAttrs = 1;
+  const ClusterConfig c(cluster, threads, shared, nullptr, cluster);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &config) == cudaSuccess) return n;
+  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &c.config) == cudaSuccess) return n;
   cudaGetLastError();
   return 0;
 }
