@@ -138,8 +138,8 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // and (`on_chip`) the whole row resident in the stage where it fits, or in a cluster's stages.
 // False if the stage cannot fit.
 template <typename Op>
-bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out,
-                 bool on_chip = true) {
+bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out,
+                    bool on_chip) {
   using T = typename Op::Storage;
   const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
   const int64_t packs = ceil_div(cols, pack);
@@ -184,6 +184,37 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
     }
   }
   *out = p;
+  return true;
+}
+
+// Bytes of resident rows an SM holds under plan p (rows_stream, one block a row): its blocks an SM
+// are the fewest that its shared memory (a block's opt-in plus the 1 KiB the runtime reserves per
+// block on sm_80/sm_90), its register file at the kernel's register cap (launch bounds: 64K
+// registers for kStreamMinBlocks blocks of kStreamThreads) and 2048 threads admit.
+template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const DeviceInfo& dev) {
+  constexpr int64_t kReservedPerBlock = 1 << 10;
+  const int64_t by_shared = (dev.stage_bytes + kStaticSharedBytes + kReservedPerBlock) /
+                            (p.stage + kStaticSharedBytes + kReservedPerBlock);
+  const int64_t by_registers = int64_t{kStreamThreads} * Op::kStreamMinBlocks / p.threads;
+  return std::min({by_shared, by_registers, int64_t{2048} / p.threads}) * p.stage;
+}
+
+template <typename Op>
+bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out,
+                 bool on_chip = true) {
+  if (!plan_stream_at<Op>(rows, cols, pack, chunks, threads, dev, out, on_chip)) return false;
+  // A 16-bit row resident in one block of automatic width takes half the width where that puts
+  // more of the SM's shared memory to use. Measured on the H200, forward: rows of 32768 (64 KiB)
+  // in 512 threads, two blocks an SM at their 64-register cap, ran at 86% of copy bandwidth, in
+  // 256 threads (three blocks) 90-91%; rows of 20480 56% -> 84%. float32 rows, which give a
+  // thread half the values a step, did not gain: rows of 16384 ran at 94% in 512 threads, 91-92%
+  // in 256. Where both widths hold the same bytes (128 KiB stages, one block an SM) the wider one
+  // wins (float32 rows of 32768: 94% against 77%).
+  Plan half;
+  if (sizeof(typename Op::Storage) == 2 && threads == 0 && out->resident && out->cluster == 1 && out->threads == kStreamThreads &&
+      plan_stream_at<Op>(rows, cols, pack, chunks, kStreamThreads / 2, dev, &half, on_chip) && half.resident &&
+      half.cluster == 1 && resident_bytes_per_sm<Op>(half, dev) > resident_bytes_per_sm<Op>(*out, dev))
+    *out = half;
   return true;
 }
 
@@ -239,10 +270,17 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     if (p.stage <= dev.stage_bytes || p.stage == 0) {
       // A block past kBlockMaxAutoThreads threads is alone on its SM, one row at a time; where
       // the stream keeps the row resident it takes two passes on chip in smaller blocks (H200,
-      // rows of 32768: float32 89% -> 94% of copy bandwidth, 16-bit 81% -> 87%).
+      // rows of 32768: float32 89% -> 94% of copy bandwidth, 16-bit 81% -> 90%). So does a
+      // block whose threads hold more than kStagedPacks packs of float values at a 64-register
+      // cap (a launch bound of 1024 threads): float32 rows of 16384, 8 packs a thread, spill 28
+      // bytes (ptxas) and ran at 90% to the resident stream's 94%. (float64 spills there too, but
+      // its stream is bound by its exponents: rows of 8192 78% -> 65%.)
       // (Not where the caller asked for a block size: that is a request for this block.)
+      const bool crowded = p.threads > kBlockMaxAutoThreads ||
+                           (p.packs > kStagedPacks && Op::kBlockBoundThreads >= 2 * kBlockMaxAutoThreads &&
+                            sizeof(typename Op::C) == 4);
       Plan s;
-      if (auto_family && threads == 0 && p.family == SOFTMAX_FAMILY_BLOCK && p.threads > kBlockMaxAutoThreads &&
+      if (auto_family && threads == 0 && p.family == SOFTMAX_FAMILY_BLOCK && crowded &&
           plan_stream<Op>(rows, cols, pack, chunks, 0, dev, &s) && s.resident)
         return *out = s, true;
       return *out = p, true;

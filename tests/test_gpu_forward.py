@@ -156,10 +156,12 @@ def test_stream_cluster(cols, dtype, blocks):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_block_to_resident_stream(dtype):
-    """Automatic dispatch on both sides of the switch from rows_block to the resident stream: a
-    row that a 512-thread block holds, and one that needs a wider block (many rows of it)."""
+    """Automatic dispatch on both sides of the switch from rows_block to the resident stream (many
+    rows): a row that 512 threads hold in 4 packs each, and one that needs more packs a thread
+    (float32: 8 packs, which spill at the forward's 64-register cap) or a wider block (16-bit:
+    4 packs is its most)."""
     g = rng()
-    per = 16384  # 512 threads x 32 values (8 packs of float32, 4 of bfloat16)
+    per = 512 * 4 * (4 if dtype == "float32" else 8)
     for cols in (per, per + 16):
         rows = 4 * sms() + 8  # enough that the stream's 512-thread blocks need no split (stage <= 96 KiB)
         fam = _ops.plan((rows, cols), dtype)["family"]
@@ -196,6 +198,12 @@ def test_plan_crosses_thresholds():
         assert fam(32768, dt) == "block"
         assert _ops.plan((8192, 32768), dt, threads=1024)["family"] == "block"  # a requested block size
     assert _ops.plan((8192, 16384), "float16")["family"] == "block"
+    # A resident row in half the block width where more of the SM's shared memory is then used.
+    if big_stage():
+        assert _ops.plan((8192, 32768), "float16")["threads"] == 256  # three 64 KiB stages an SM, not two
+        assert _ops.plan((8192, 32768), "float32")["threads"] == 512  # one 128 KiB stage an SM either way
+        fp32 = _ops.plan((8192, 16384), "float32")  # rows_block would take 8 packs a thread
+        assert fp32["family"] == "stream" and fp32["threads"] == 512, fp32  # half the width: 16-bit rows only
     # A row resident in one block only while its stage fits the block's shared memory (16-bit
     # backward: 32 KiB a step of 512 threads, 8192 columns; 4 steps fit 227 KiB, 8 fit no GPU's),
     # then in a cluster of blocks where the GPU has clusters, else streamed twice.
