@@ -171,6 +171,33 @@ def test_block_to_resident_stream(dtype):
         assert_close(to_host64(y), ref_softmax(x64), dtype, f"{fam} {cols} seed={g.seed}")
 
 
+def test_register_grid():
+    """rows_warp and rows_block launch a block for every set of rows where the op asks for it
+    (unmasked forward, float32 backward) in blocks of up to 256 threads; otherwise at most 32
+    blocks an SM walk the rows. A full grid stops short of 2^31 threads, and its blocks walk the
+    rows left."""
+    cap = 32 * sms()
+    rows = 1 << 20
+    per_block = lambda p: p["threads"] // p["group"] * p["rows_per_group"]
+    warp = _ops.plan((rows, 128), "float32")
+    assert warp["family"] == "warp" and warp["blocks"] == rows // per_block(warp) > cap, warp
+    bwd32 = _ops.plan((rows, 128), "float32", direction="backward")
+    assert bwd32["blocks"] == rows // per_block(bwd32), bwd32
+    bwd16 = _ops.plan((rows, 128), "float16", direction="backward")
+    assert bwd16["family"] == "warp" and bwd16["blocks"] == cap, bwd16
+    block = _ops.plan((rows, 2048), "float32")
+    assert block["family"] == "block" and block["threads"] <= 256 and block["blocks"] == rows, block
+    wide = _ops.plan((rows, 16384), "float16")  # 512 threads a row
+    assert wide["family"] == "block" and wide["threads"] == 512 and wide["blocks"] == cap, wide
+    huge = _ops.plan((1 << 40, 32), "float32")
+    assert huge["blocks"] == (2**31 - 1) // huge["threads"], huge
+    # The rows left past such a grid are walked by its blocks: the same kernels, a smaller cap.
+    g = rng()
+    x64 = rounded(g.standard_normal((5000, 48)) * 3, "float32")
+    y = _ops.forward(to_device(x64, "float32"), out=poisoned((5000, 48), "float32"), blocks=7)
+    assert_close(to_host64(y), ref_softmax(x64), "float32", f"blocks=7 seed={g.seed}")
+
+
 def test_plan_crosses_thresholds():
     """The dispatcher's families change where hip/dispatch.cuh says they do."""
     fam = lambda cols, dt="float32", **kw: _ops.plan((64, cols), dt, **kw)["family"]

@@ -49,7 +49,8 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
           if (family != SOFTMAX_FAMILY_AUTO && p.family != family) report(op, "forced family not honoured", family, pack, threads, cols, p);
           if (p.stage < 0 || p.stage > dev.stage_bytes) report(op, "stage larger than the device allows", family, pack, threads, cols, p);
           if (p.stage && !(pack > 1 && kAsyncCopy)) report(op, "stage without vector packs", family, pack, threads, cols, p);
-          if (p.threads <= 0 || p.threads % dev.warp || p.blocks <= 0) report(op, "bad launch shape", family, pack, threads, cols, p);
+          if (p.threads <= 0 || p.threads % dev.warp || p.blocks <= 0 || p.blocks * p.threads > INT32_MAX)
+            report(op, "bad launch shape", family, pack, threads, cols, p);
           const int max_packs = (pack > 1 ? max_items<T>() : max_scalar_items<T>()) / pack;
           switch (p.family) {
             case SOFTMAX_FAMILY_WARP: {
