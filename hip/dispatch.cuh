@@ -39,7 +39,8 @@ template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
 // kBlockMaxAutoThreads threads; longer rows take more packs per thread, then more threads (H200,
 // staged rows of 2048-32768: 64 bytes a thread beat 32 or 128 by 2-25% in every dtype, and
 // blocks past 512 threads only pay off once a thread holds its most; many such rows go to the
-// stream instead where it keeps them resident, see plan_rows). The smallest block is two warps:
+// stream instead where it keeps them resident, as do float32 rows that would take 8 packs a
+// thread, see plan_rows). The smallest block is two warps:
 // a 16-bit row of 2048 in 128 threads held 32 bytes a thread, and paid its set-up and two block
 // reductions for every 16 values (H200, with a mask and causal limit: 73% -> 90% in 64 threads;
 // unmasked 90% -> 91%). Element-wise rows aim at kBlockTargetThreads threads.
@@ -47,13 +48,16 @@ constexpr int kBlockMinThreads = 64;
 constexpr int kBlockMaxAutoThreads = 512;
 constexpr int kBlockTargetThreads = 256;
 // rows_stream: rows are split into chunks when there are fewer rows than resident blocks
-// (2048 / threads per SM): otherwise SMs sit idle while a few blocks walk very long rows.
-// Grid-stride loops: at most this many blocks per SM are launched; more adds no parallelism.
-// (rows_warp and rows_block launch a block for every set of rows where the op asks for it,
-// Op::kFullGrid, in blocks of at most kBlockTargetThreads threads, up to kMaxGridThreads
-// threads: HIP on AMD takes fewer than 2^32 a dimension. Blocks of 512 threads, a row each,
-// lost with the full grid: H200, 16-bit rows of 16384 95% -> 87% of copy bandwidth, float32
-// backward of rows of 8192 100% -> 93%.)
+// (kThreadsPerSm / threads per SM): otherwise SMs sit idle while a few blocks walk very long rows.
+// (2048 on sm_80/sm_90; sm_86/sm_89 have 1536, where shared memory binds first.)
+constexpr int kThreadsPerSm = 2048;
+// Grids that walk their rows (grid-stride loops) launch at most this many blocks an SM: the
+// stream, the reference, and the register families where more blocks measured slower. rows_warp
+// and rows_block launch a block for every set of rows where the op asks for it (Op::kFullGrid),
+// in blocks of at most kBlockTargetThreads threads, up to kMaxGridThreads threads (HIP on AMD
+// takes fewer than 2^32 a dimension). Blocks of 512 threads, a row each, lost with the full grid:
+// H200, 16-bit rows of 16384 95% -> 87% of copy bandwidth, float32 backward of rows of 8192
+// 100% -> 93%.
 constexpr int kMaxBlocksPerSm = 32;
 constexpr int64_t kMaxGridThreads = INT32_MAX;
 // Every block size, chosen or requested, is a multiple of the widest warp (wave64), so that it is
@@ -126,6 +130,10 @@ constexpr int kNaiveFamily = 100;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+// A grid that walks `sets` blocks' worth of work (see kMaxBlocksPerSm).
+inline int64_t walking_grid(int64_t sets, const DeviceInfo& dev) {
+  return std::min<int64_t>(sets, int64_t{dev.sms} * kMaxBlocksPerSm);
+}
 inline int next_pow2(int64_t v) {
   int p = 1;
   while (p < v) p *= 2;
@@ -155,12 +163,12 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, unroll), dev.warp),
                                                  threads > 0 ? std::min(threads, kStreamThreads) : kStreamThreads));
   const int64_t step = static_cast<int64_t>(p.threads) * pack;
-  const int64_t resident_blocks = static_cast<int64_t>(dev.sms) * (2048 / p.threads);
+  const int64_t resident_blocks = static_cast<int64_t>(dev.sms) * (kThreadsPerSm / p.threads);
   int64_t want = chunks > 0 ? chunks : (rows >= resident_blocks ? 1 : ceil_div(resident_blocks, rows));
   want = std::max<int64_t>(1, std::min(want, ceil_div(cols, step * unroll)));
   p.chunk_cols = round_up(ceil_div(cols, want), step);
   p.chunks = ceil_div(cols, p.chunk_cols);
-  p.blocks = std::min<int64_t>(rows * p.chunks, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+  p.blocks = walking_grid(rows * p.chunks, dev);
   p.stage = int64_t{p.threads} * stage_slots<Op>(Op::kStageStream, pack, unroll, 1) * kPackBytes;
   if (p.stage > dev.stage_bytes) return false;  // the stream's stage is at most 64 KiB
   // A whole row that fits the stage stays there (kStreamResident): read once, not twice. Up to
@@ -193,16 +201,16 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   return true;
 }
 
-// Bytes of resident rows an SM holds under plan p (rows_stream, one block a row): its blocks an SM
+// Stage bytes an SM holds under plan p (rows_stream, one block a row resident): its blocks an SM
 // are the fewest that its shared memory (a block's opt-in plus the 1 KiB the runtime reserves per
 // block on sm_80/sm_90), its register file at the kernel's register cap (launch bounds: 64K
-// registers for kStreamMinBlocks blocks of kStreamThreads) and 2048 threads admit.
+// registers for kStreamMinBlocks blocks of kStreamThreads) and kThreadsPerSm admit.
 template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const DeviceInfo& dev) {
   constexpr int64_t kReservedPerBlock = 1 << 10;
   const int64_t by_shared = (dev.stage_bytes + kStaticSharedBytes + kReservedPerBlock) /
                             (p.stage + kStaticSharedBytes + kReservedPerBlock);
   const int64_t by_registers = int64_t{kStreamThreads} * Op::kStreamMinBlocks / p.threads;
-  return std::min({by_shared, by_registers, int64_t{2048} / p.threads}) * p.stage;
+  return std::min({by_shared, by_registers, int64_t{kThreadsPerSm} / p.threads}) * p.stage;
 }
 
 template <typename Op>
@@ -212,10 +220,12 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
   // A 16-bit row resident in one block of automatic width takes half the width where that puts
   // more of the SM's shared memory to use. Measured on the H200, forward: rows of 32768 (64 KiB)
   // in 512 threads, two blocks an SM at their 64-register cap, ran at 86% of copy bandwidth, in
-  // 256 threads (three blocks) 90-91%; rows of 20480 56% -> 84%. float32 rows, which give a
-  // thread half the values a step, did not gain: rows of 16384 ran at 94% in 512 threads, 91-92%
-  // in 256. Where both widths hold the same bytes (128 KiB stages, one block an SM) the wider one
-  // wins (float32 rows of 32768: 94% against 77%).
+  // 256 threads (three blocks) 90-91%; rows of 20480 56% -> 84%, of 53248 57% -> 74%; backward
+  // (one 512-thread block an SM, two of 256): rows of 20480 75% -> 95%, of 24576 85% -> 93%.
+  // float32 rows, which give a thread half the values a step, did not gain: rows of 16384 ran at
+  // 94% in 512 threads, 91-92% in 256. Where both widths hold the same bytes (128 KiB stages, one
+  // block an SM) the wider one wins (float32 rows of 32768: 94% against 77%; 16-bit backward of
+  // 32768: 91% against 73%).
   Plan half;
   if (sizeof(typename Op::Storage) == 2 && threads == 0 && out->resident && out->cluster == 1 && out->threads == kStreamThreads &&
       plan_stream_at<Op>(rows, cols, pack, chunks, kStreamThreads / 2, dev, &half, on_chip) && half.resident &&
@@ -227,7 +237,7 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
 // The grid of rows_warp and rows_block for `sets` blocks' worth of rows (see kMaxBlocksPerSm).
 template <typename Op> int64_t register_grid(int64_t sets, int threads, const DeviceInfo& dev) {
   const bool full = Op::kFullGrid && threads <= kBlockTargetThreads;
-  return std::min<int64_t>(sets, full ? kMaxGridThreads / threads : int64_t{dev.sms} * kMaxBlocksPerSm);
+  return full ? std::min<int64_t>(sets, kMaxGridThreads / threads) : walking_grid(sets, dev);
 }
 
 // The plan for rows of `cols` elements of T, packs of `pack` (vec_pack<T>(), or 1).
@@ -289,7 +299,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       // its stream is bound by its exponents: rows of 8192 78% -> 65%.)
       // (Not where the caller asked for a block size: that is a request for this block.)
       const bool crowded = p.threads > kBlockMaxAutoThreads ||
-                           (p.packs > kStagedPacks && Op::kBlockBoundThreads >= 2 * kBlockMaxAutoThreads &&
+                           (pack > 1 && p.packs > kStagedPacks && Op::kBlockBoundThreads >= 2 * kBlockMaxAutoThreads &&
                             sizeof(typename Op::C) == 4);
       Plan s;
       if (auto_family && threads == 0 && p.family == SOFTMAX_FAMILY_BLOCK && crowded &&
@@ -311,7 +321,7 @@ inline Plan plan_naive(int64_t rows, int64_t cols, int pack, const DeviceInfo& d
   p.family = kNaiveFamily;
   p.pack = pack;
   p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(cols, pack), dev.warp), kStreamThreads));
-  p.blocks = std::min<int64_t>(rows, static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm);
+  p.blocks = walking_grid(rows, dev);
   return p;
 }
 

@@ -290,7 +290,7 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStreamMinBlocks = kSpillsAtTightCaps ? 1 : 2;
   // The register families' grid (dispatch.cuh): a block for every set of rows (true), or at most
   // kMaxBlocksPerSm blocks an SM walking the rows in a grid-stride loop. Unmasked rows ran faster
-  // with every block launched (H200, rows of 32-8192: float32 91-94% -> 95-99% of copy
+  // with every block launched (H200, rows of 32-4096: float32 90-94% -> 96-99% of copy
   // bandwidth, 16-bit 85-92% -> 89-100%); masked rows, whose staged loops overlap each next
   // row's copy with a costlier row set-up, slower (16-bit rows of 1024 with a mask 97% -> 83%,
   // float32 rows of 512 102% -> 90%).
@@ -696,7 +696,9 @@ template <typename V> struct BlockReduce {
 // Rows in registers, staged: while a thread reduces and stores its current rows, the copies of
 // its next rows are already in flight into its stage slots (stage_slots() per thread, dynamic
 // shared memory). A row's bytes in flight then no longer end where its arithmetic begins, and
-// the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy.
+// the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy. (Where the
+// grid has a block for every set of rows, Op::kFullGrid, a block has no next rows: its copy only
+// goes through the stage, and the next rows are other blocks', in flight on the same SM.)
 
 // Slots per thread of a family that holds `rows` rows of `packs` packs of `pack` elements; 0: not
 // staged (`stages` is the op's choice for that family). The kernels size their stage with it and

@@ -1,8 +1,9 @@
 """The dispatcher's plans on the CPU: tests/native/plan_check.cu runs plan_rows() (hip/dispatch.cuh)
-over row lengths 1..70000 for every operation and dtype, vector and element-wise rows, automatic
-and forced families and requested block sizes, on three shared-memory sizes, and checks that every
-plan covers its row, stays inside the compiled instantiations and the device's shared memory, and
-sizes its stage exactly as the kernel indexes it. Host code only: no GPU is needed, nvcc is."""
+over row lengths 1..70000 (and sparsely to 1.1M), for 1000, 8192 and 2^40 rows, every operation and
+dtype, vector and element-wise rows, automatic and forced families and requested block sizes, on
+three shared-memory sizes, and checks that every plan covers its row, stays inside the compiled
+instantiations, the device's shared memory and the largest grid, and sizes its stage exactly as
+the kernel indexes it. Host code only: no GPU is needed, nvcc is."""
 
 import os
 import shutil

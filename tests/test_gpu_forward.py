@@ -7,7 +7,8 @@ rows_block, rows_stream with and without a split), in every dtype, with outputs 
 import numpy
 import pytest
 
-from _util import DTYPES, TOL, assert_close, poisoned, ref_softmax, resident_blocks, rng, rounded, row_error
+from _util import DTYPES, TOL, assert_close, assert_grad_close, poisoned, ref_softmax, resident_blocks, rng, rounded
+from _util import row_error
 from _util import to_device, to_host64
 
 pytestmark = pytest.mark.gpu
@@ -163,7 +164,7 @@ def test_block_to_resident_stream(dtype):
     g = rng()
     per = 512 * 4 * (4 if dtype == "float32" else 8)
     for cols in (per, per + 16):
-        rows = 4 * sms() + 8  # enough that the stream's 512-thread blocks need no split (stage <= 96 KiB)
+        rows = 4 * sms() + 8  # enough that the stream's 512-thread blocks need no split (stage <= 64 KiB)
         fam = _ops.plan((rows, cols), dtype)["family"]
         assert fam == ("block" if cols == per or not async_copy() else "stream"), (cols, fam)
         x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
@@ -191,11 +192,20 @@ def test_register_grid():
     assert wide["family"] == "block" and wide["threads"] == 512 and wide["blocks"] == cap, wide
     huge = _ops.plan((1 << 40, 32), "float32")
     assert huge["blocks"] == (2**31 - 1) // huge["threads"], huge
-    # The rows left past such a grid are walked by its blocks: the same kernels, a smaller cap.
+    # The rows left past such a grid are walked by its blocks (each staging its next rows while it
+    # works on the current ones): the same kernels under a small grid cap, in every family that
+    # launches a full grid, forward and float32 backward.
     g = rng()
-    x64 = rounded(g.standard_normal((5000, 48)) * 3, "float32")
-    y = _ops.forward(to_device(x64, "float32"), out=poisoned((5000, 48), "float32"), blocks=7)
-    assert_close(to_host64(y), ref_softmax(x64), "float32", f"blocks=7 seed={g.seed}")
+    for rows, cols in ((5000, 48), (3000, 1000), (700, 2048)):  # rows_warp tiny, medium; rows_block
+        x64 = rounded(g.standard_normal((rows, cols)) * 3, "float32")
+        fam = _ops.plan((rows, cols), "float32", blocks=7)["family"]
+        y = _ops.forward(to_device(x64, "float32"), out=poisoned((rows, cols), "float32"), blocks=7)
+        assert_close(to_host64(y), ref_softmax(x64), "float32", f"{fam} {cols} blocks=7 seed={g.seed}")
+        y64 = rounded(ref_softmax(x64), "float32")
+        dy64 = rounded(g.standard_normal((rows, cols)), "float32")
+        dx = _ops.backward_impl(to_device(y64, "float32"), to_device(dy64, "float32"),
+                                out=poisoned((rows, cols), "float32"), blocks=7)
+        assert_grad_close(to_host64(dx), y64, dy64, 1.0, "float32", f"backward {fam} {cols} blocks=7 seed={g.seed}")
 
 
 def test_plan_crosses_thresholds():
@@ -229,6 +239,7 @@ def test_plan_crosses_thresholds():
     if big_stage():
         assert _ops.plan((8192, 32768), "float16")["threads"] == 256  # three 64 KiB stages an SM, not two
         assert _ops.plan((8192, 32768), "float32")["threads"] == 512  # one 128 KiB stage an SM either way
+    if async_copy():
         fp32 = _ops.plan((8192, 16384), "float32")  # rows_block would take 8 packs a thread
         assert fp32["family"] == "stream" and fp32["threads"] == 512, fp32  # half the width: 16-bit rows only
     # A row resident in one block only while its stage fits the block's shared memory (16-bit

@@ -51,15 +51,19 @@ step("fused strided mask", lambda: pysoftmax.fused(s, mask=arr((40, 80), "float1
 
 # Enough rows that every staged register family walks a second row per block or warp: the copy
 # of the next rows into shared memory overlaps the current ones (rows > the grid's blocks, 4224
-# on an H200, times the rows a block holds).
+# on an H200, times the rows a block holds). Grids with a block for every set of rows (unmasked
+# forward, float32 backward) walk under a grid cap of 4 blocks an SM as well.
+walk = 4 * cupy.cuda.Device().attributes["MultiProcessorCount"]
 for dtype in ("float32", "float16"):
     for rows, cols, what in ((300000, 40, "rows_warp tiny"), (17000, 304, "rows_warp medium"),
                              (8500, 1032, "rows_block")):  # rows_stream walks several steps a row above
         x = arr((rows, cols), dtype)
         plan = _ops.plan((rows, cols), dtype)
         step(f"many rows fused {what} {dtype} ({plan['family']} stage={plan['stage']})", lambda: pysoftmax.fused(x))
+        step(f"many rows fused {what} {dtype}, {walk} blocks", lambda: _ops.forward(x, blocks=walk))
         y = pysoftmax.fused(x)
         step(f"many rows backward {what} {dtype}", lambda: pysoftmax.backward(y, x))
+        step(f"many rows backward {what} {dtype}, {walk} blocks", lambda: _ops.backward_impl(y, x, blocks=walk))
         step(f"many rows masked {what} {dtype}",
              lambda: pysoftmax.fused(x.reshape(rows // 100 if rows % 100 == 0 else rows, -1, cols), causal=True))
         del x, y

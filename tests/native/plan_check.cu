@@ -37,10 +37,14 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
   for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
-        for (int64_t cols = 1; cols <= 1100000; cols += cols < 5000 ? 1 : cols < 70000 ? 7 : 4999) {
+        for (int64_t cols = 1; cols <= 1100000; cols += cols < 5000 ? 1 : cols < 70000 ? 7 : 4999)
+          for (int64_t rows : {int64_t{1000}, int64_t{8192}, int64_t{1} << 40}) {
+          // 1000 rows split the stream into chunks; 8192 keep it whole (resident, half width);
+          // 2^40 reach every grid cap.
           if (threads && family != SOFTMAX_FAMILY_BLOCK) continue;
+          if (rows != 1000 && cols < 5000 && cols % 3) continue;  // short rows: every third length
           Plan p;
-          const bool ok = plan_rows<Op>(1000, cols, pack, family, 0, threads, dev, &p);
+          const bool ok = plan_rows<Op>(rows, cols, pack, family, 0, threads, dev, &p);
           ++plans;
           if (!ok) {
             if (family == SOFTMAX_FAMILY_AUTO) report(op, "automatic dispatch found no family", family, pack, threads, cols, p);
