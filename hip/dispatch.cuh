@@ -51,6 +51,9 @@ constexpr int kBlockTargetThreads = 256;
 // (kThreadsPerSm / threads per SM): otherwise SMs sit idle while a few blocks walk very long rows.
 // (2048 on sm_80/sm_90; sm_86/sm_89 have 1536, where shared memory binds first.)
 constexpr int kThreadsPerSm = 2048;
+// Registers an SM holds (sm_80/sm_90): a launch bound of B threads caps a thread at
+// kRegistersPerSm / B of them, which is how the planner reads the ops' register caps.
+constexpr int kRegistersPerSm = 64 << 10;
 // Grids that walk their rows (grid-stride loops) launch at most this many blocks an SM: the
 // stream, the reference, and the register families where more blocks measured slower. rows_warp
 // and rows_block launch a block for every set of rows where the op asks for it (Op::kFullGrid),
@@ -189,8 +192,7 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
         if (p.stage * chunk_steps > dev.stage_bytes) continue;
         p.chunk_cols = chunk_steps * step * unroll;
         p.chunks = p.cluster = static_cast<int>(ceil_div(cols, p.chunk_cols));
-        p.blocks = std::min<int64_t>(rows * p.cluster,
-                                     static_cast<int64_t>(dev.sms) * kMaxBlocksPerSm / p.cluster * p.cluster);
+        p.blocks = walking_grid(rows * p.cluster, dev) / p.cluster * p.cluster;  // whole clusters
         p.resident = true;
         p.stage *= chunk_steps;
         break;
@@ -203,13 +205,14 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
 
 // Stage bytes an SM holds under plan p (rows_stream, one block a row resident): its blocks an SM
 // are the fewest that its shared memory (a block's opt-in plus the 1 KiB the runtime reserves per
-// block on sm_80/sm_90), its register file at the kernel's register cap (launch bounds: 64K
-// registers for kStreamMinBlocks blocks of kStreamThreads) and kThreadsPerSm admit.
+// block on sm_80/sm_90), its register file at the kernel's register cap (the launch bound of
+// kStreamMinBlocks blocks of kStreamThreads) and kThreadsPerSm admit.
 template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const DeviceInfo& dev) {
   constexpr int64_t kReservedPerBlock = 1 << 10;
   const int64_t by_shared = (dev.stage_bytes + kStaticSharedBytes + kReservedPerBlock) /
                             (p.stage + kStaticSharedBytes + kReservedPerBlock);
-  const int64_t by_registers = int64_t{kStreamThreads} * Op::kStreamMinBlocks / p.threads;
+  constexpr int kCap = kRegistersPerSm / (kStreamThreads * Op::kStreamMinBlocks);
+  const int64_t by_registers = kRegistersPerSm / (int64_t{p.threads} * kCap);
   return std::min({by_shared, by_registers, int64_t{kThreadsPerSm} / p.threads}) * p.stage;
 }
 
@@ -293,13 +296,13 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       // A block past kBlockMaxAutoThreads threads is alone on its SM, one row at a time; where
       // the stream keeps the row resident it takes two passes on chip in smaller blocks (H200,
       // rows of 32768: float32 89% -> 94% of copy bandwidth, 16-bit 81% -> 90%). So does a
-      // block whose threads hold more than kStagedPacks packs of float values at a 64-register
-      // cap (a launch bound of 1024 threads): float32 rows of 16384, 8 packs a thread, spill 28
+      // block whose threads hold more than kStagedPacks packs of float values at a cap of 64
+      // registers or fewer: float32 rows of 16384, 8 packs a thread, spill 28
       // bytes (ptxas) and ran at 90% to the resident stream's 94%. (float64 spills there too, but
       // its stream is bound by its exponents: rows of 8192 78% -> 65%.)
       // (Not where the caller asked for a block size: that is a request for this block.)
       const bool crowded = p.threads > kBlockMaxAutoThreads ||
-                           (pack > 1 && p.packs > kStagedPacks && Op::kBlockBoundThreads >= 2 * kBlockMaxAutoThreads &&
+                           (pack > 1 && p.packs > kStagedPacks && kRegistersPerSm / Op::kBlockBoundThreads <= 64 &&
                             sizeof(typename Op::C) == 4);
       Plan s;
       if (auto_family && threads == 0 && p.family == SOFTMAX_FAMILY_BLOCK && crowded &&

@@ -830,11 +830,14 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   constexpr int kSlots = stage_slots<Op>(Op::kStageStream, kPack, kUnroll, 1);
   const Stage stage = thread_stage<kSlots>();
   const bool resident = kSlots && phase == kStreamResident;
+  // The thread's packs of the step at `base` of a chunk ending at `end`.
+  auto span_at = [&](int64_t base, int64_t end) {
+    return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
+  };
   // Resident: fn(span, slots) for each step of [begin, end), step s in the slots from s * kSlots.
   auto each_resident_step = [&](int64_t begin, int64_t end, auto&& fn) {
     int step = 0;
-    for (int64_t base = begin; base < end; base += stride, ++step)
-      fn(Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end}, stage.at(step * kSlots));
+    for (int64_t base = begin; base < end; base += stride, ++step) fn(span_at(base, end), stage.at(step * kSlots));
   };
   // One pass over the steps of [begin, end) of row w that start before `stop`: use(span, items)
   // per step, with the next step's copies in flight (when staged) while this step is reduced or
@@ -842,9 +845,6 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   // `refill` (when not null); only unmasked ops stage, so their stop is the end.
   auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, int64_t stop, auto&& use,
                   const typename Op::Row* refill = nullptr) {
-    auto span_at = [&](int64_t base) {
-      return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
-    };
     if (resident) {
       each_resident_step(begin, end, [&](const Span& span, const Stage& st) {
         Item v[kStep];
@@ -857,16 +857,16 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       });
       return;
     }
-    if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin), true, stage);
+    if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin, end), true, stage);
     for (int64_t base = begin; base < stop; base += stride) {
       Item v[kStep];
       if (kSlots) copy_async_wait();
-      op.template load<kPack, kUnroll>(w, span_at(base), true, v, kSlots ? &stage : nullptr);
+      op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, kSlots ? &stage : nullptr);
       if (kSlots) {
         copy_async_reuse_fence();
-        if (base + stride < stop) op.template prefetch<kPack, kUnroll>(w, span_at(base + stride), true, stage);
+        if (base + stride < stop) op.template prefetch<kPack, kUnroll>(w, span_at(base + stride, end), true, stage);
       }
-      use(span_at(base), v);
+      use(span_at(base, end), v);
     }
   };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
@@ -925,7 +925,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     for (int64_t base = begin; base < end; base += stride) {
       if (base < stop) continue;
       const Item zeros[kStep] = {};
-      op.template store<kPack, kUnroll>(w, Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end}, zeros);
+      op.template store<kPack, kUnroll>(w, span_at(base, end), zeros);
     }
   }
   if constexpr (kCluster) cluster_sync();  // no block leaves while a peer may read its partials
