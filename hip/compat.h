@@ -164,6 +164,23 @@ __device__ __forceinline__ void copy_async_16_if(bool pred, void* smem, const vo
 __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
+// Closes the thread's copies issued since the last commit into a group, to be waited for alone.
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most `later` of the thread's committed groups are in flight: the group committed
+// `later` groups before the newest has landed. wait_group takes an immediate, so the count is
+// switched; past 7 it waits for more than it needs to (7 still in flight), which is only slower.
+__device__ __forceinline__ void copy_async_wait_group(int later) {
+  switch (later) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+  }
+}
 // cp.async is a weak, unordered write: without this a new copy could land in a slot before the
 // thread's earlier read of it was performed. __syncwarp orders the warp's memory accesses.
 __device__ __forceinline__ void copy_async_reuse_fence() { __syncwarp(); }
@@ -175,6 +192,8 @@ __device__ __forceinline__ void copy_async_16_if(bool pred, void* smem, const vo
   if (pred) copy_async_16(smem, gmem);
 }
 __device__ __forceinline__ void copy_async_wait() {}
+__device__ __forceinline__ void copy_async_commit() {}
+__device__ __forceinline__ void copy_async_wait_group(int) {}
 __device__ __forceinline__ void copy_async_reuse_fence() {}
 #endif
 
