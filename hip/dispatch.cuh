@@ -33,6 +33,12 @@ template <typename Op, int kPack> constexpr int tiny_rows_for() {
 template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
   return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>() : tiny_rows_for<Op, 1>();
 }
+// Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged) where that leaves a
+// group of at least kWideMinGroup lanes and each walking block at least two steps (kernels.cuh
+// has the measurements). Narrower groups lost: 16-bit rows of 32 in one lane 84% -> 59-67% of
+// copy bandwidth; so did grids whose blocks take one step, where no staged copy overlaps
+// anything (H200, [64,16,128,128] with a padding mask: 65% -> 58%).
+constexpr int kWideMinGroup = 4;
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
 // Vector rows: kStagedPacks packs (64 bytes) per thread, in blocks of kBlockMinThreads to
@@ -265,6 +271,13 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.packs = tiny;
       p.group = next_pow2(ceil_div(packs, tiny));
       p.rows_per_group = tiny_rows;
+      const int wide = next_pow2(ceil_div(packs, kStagedPacks));
+      const int64_t sets = ceil_div(rows, p.threads / wide);
+      if (Op::kWideShortRows && pack > 1 && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
+        p.packs = kStagedPacks;
+        p.group = wide;
+        p.rows_per_group = 1;
+      }
     } else {
       p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
       p.group = kMaxGroup;
@@ -290,7 +303,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.blocks = register_grid<Op>(rows, p.threads, dev);
   }
   if (p.family == SOFTMAX_FAMILY_WARP || p.family == SOFTMAX_FAMILY_BLOCK) {
-    const bool stages = p.family == SOFTMAX_FAMILY_WARP ? warp_stages<Op>(p.packs) : Op::kStageBlock;
+    const bool stages = p.family == SOFTMAX_FAMILY_WARP ? warp_stages<Op>(p.packs, p.group) : Op::kStageBlock;
     p.stage = int64_t{p.threads} * stage_slots<Op>(stages, pack, p.packs, p.rows_per_group) * kPackBytes;
     if (p.stage <= dev.stage_bytes || p.stage == 0) {
       // A block past kBlockMaxAutoThreads threads is alone on its SM, one row at a time; where
@@ -389,22 +402,21 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
   return launch_status(family);
 }
 
-template <typename Op, int kPack, int kPacks, int kRows>
+// The narrowest group rows_warp is compiled for at `packs` packs of kPack a lane: any width for
+// the tiny table, kWideMinGroup for an op's wide short rows, else (the medium table) full groups.
+template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
+  if (packs <= (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) return 1;
+  return Op::kWideShortRows && kPack > 1 && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
+}
+
+// rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup.
+template <typename Op, int kPack, int kPacks, int kRows, int G = narrowest_group<Op, kPack>(kPacks)>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
-  if constexpr (kPacks > (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) {  // medium table: full groups only
-    if (p.group != kMaxGroup) return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: medium rows use full groups");
-    return launch(rows_warp<Op, kPack, kPacks, kMaxGroup, kRows>, "rows_warp", p, s, op, rows);
+  if constexpr (G > kMaxGroup) {
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes for %d packs a lane", p.group, kPacks);
   } else {
-    static_assert(kMaxGroup == 32, "the cases below list the group widths up to kMaxGroup");
-    switch (p.group) {
-      case 1: return launch(rows_warp<Op, kPack, kPacks, 1, kRows>, "rows_warp", p, s, op, rows);
-      case 2: return launch(rows_warp<Op, kPack, kPacks, 2, kRows>, "rows_warp", p, s, op, rows);
-      case 4: return launch(rows_warp<Op, kPack, kPacks, 4, kRows>, "rows_warp", p, s, op, rows);
-      case 8: return launch(rows_warp<Op, kPack, kPacks, 8, kRows>, "rows_warp", p, s, op, rows);
-      case 16: return launch(rows_warp<Op, kPack, kPacks, 16, kRows>, "rows_warp", p, s, op, rows);
-      case 32: return launch(rows_warp<Op, kPack, kPacks, 32, kRows>, "rows_warp", p, s, op, rows);
-      default: return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes", p.group);
-    }
+    if (p.group == G) return launch(rows_warp<Op, kPack, kPacks, G, kRows>, "rows_warp", p, s, op, rows);
+    return launch_warp_group<Op, kPack, kPacks, kRows, G * 2>(op, rows, p, s);
   }
 }
 

@@ -263,6 +263,18 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStaged = 1;
   static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
   static constexpr int kStageWarpMax = kMask == kBoolMask ? kStagedPacks : kMasked ? 0 : INT_MAX;
+  // A lane alone on its row (16-bit rows of 16 or fewer) does not stage: the copies' instructions
+  // cost more than the latency they hide (H200, float16 rows of 16: 70% -> 86% of copy
+  // bandwidth). Groups of two still gain from it (bfloat16 rows of 32: 82% unstaged, 88% staged).
+  static constexpr int kStageWarpMinGroup = 2;
+  // Boolean-masked 16-bit short rows take kStagedPacks packs a lane, staged, in narrower groups
+  // than the tiny table's kTinyPacksVec unstaged (dispatch.cuh, kWideMinGroup): a lane's set-up
+  // and pack tests are paid once for 32 values instead of 16 (H200, rows with a padding mask and
+  // causal limit: 128 columns 83% -> 92%, 256 84% -> 94%, 512 80% -> 95%; attention-shaped
+  // [B,16,S,S] with a padding mask, S = 128-512: 77-81% -> 86-89%; causal only: 86-89% ->
+  // 99-102%). float32 rows moved both ways (a padding mask alone, S = 128: 90 -> 84; with a causal
+  // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
+  static constexpr bool kWideShortRows = kMask == kBoolMask && sizeof(T) == 2;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
   // are converted and added), and float64 with any mask.
@@ -593,7 +605,11 @@ template <typename T> struct BackwardOp {
   static constexpr int kInputs = 2;  // y and dy
   static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
   static constexpr int kStageWarpMin = 0, kStageWarpMax = INT_MAX;
+  // Groups of one or two lanes (16-bit rows of 32 or fewer, float32 of 16) do not stage (H200,
+  // 16-bit rows of 32: 82% -> 93% of copy bandwidth; of 16: 60% -> 87%).
+  static constexpr int kStageWarpMinGroup = 4;
   static constexpr bool kStageBlock = true, kStageStream = true;
+  static constexpr bool kWideShortRows = false;
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
   // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
   static constexpr int kWarpMinBlocks = 1;
@@ -707,9 +723,10 @@ template <typename Op> constexpr int stage_slots(bool stages, int pack, int pack
   return kAsyncCopy && pack > 1 && stages ? rows * packs * Op::kStaged : 0;
 }
 
-// Whether rows_warp stages rows of `packs` packs per lane: the op names the range it stages.
-template <typename Op> constexpr bool warp_stages(int packs) {
-  return packs >= Op::kStageWarpMin && packs <= Op::kStageWarpMax;
+// Whether rows_warp stages rows of `packs` packs per lane in groups of `group` lanes: the op names
+// the range of packs it stages and the narrowest group.
+template <typename Op> constexpr bool warp_stages(int packs, int group) {
+  return packs >= Op::kStageWarpMin && packs <= Op::kStageWarpMax && group >= Op::kStageWarpMinGroup;
 }
 
 // The thread's stage (or an empty one), in the block's dynamic shared memory.
@@ -733,7 +750,7 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  constexpr int kSlots = stage_slots<Op>(warp_stages<Op>(kPacks), kPack, kPacks, kRows);
+  constexpr int kSlots = stage_slots<Op>(warp_stages<Op>(kPacks, G), kPack, kPacks, kRows);
   const Stage stage = thread_stage<kSlots>();
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.

@@ -559,8 +559,10 @@ def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=No
 
 
 def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, threads=0, blocks=0,
-         aligned=True):
+         aligned=True, causal_queries=0):
     """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
+    causal_queries > 0 plans the forward of the boolean-mask kind (a causal limit over that many
+    queries, as fused(causal=True) passes).
 
     For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
     _need_cupy()
@@ -577,6 +579,7 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
                 "stream": _lib.FAMILY_STREAM}[family]
     p.chunks, p.threads, p.blocks = chunks, threads, blocks
+    p.causal_queries = causal_queries
     buf = ctypes.create_string_buffer(512)
     _lib.check(_lib.lib().softmax_describe(ctypes.byref(p), 0 if direction == "forward" else 1, buf, len(buf)))
     out = {}

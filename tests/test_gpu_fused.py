@@ -3,7 +3,7 @@
 import numpy
 import pytest
 
-from _util import DTYPES, assert_close, assert_grad_close, poisoned, ref_softmax, resident_blocks, rng, rounded
+from _util import BF16, DTYPES, assert_close, assert_grad_close, poisoned, ref_softmax, resident_blocks, rng, rounded
 from _util import to_device, to_host64
 
 pytestmark = pytest.mark.gpu
@@ -129,6 +129,54 @@ def test_causal_with_padding_and_fully_masked_rows(dtype):
     ref = ref_softmax(x64, 0.3, pad, causal=True)
     assert numpy.all(y[2] == 0) and numpy.all(y[1, :, :4] == 0)
     assert_close(y, ref, dtype, f"seed={g.seed}")
+
+
+def widened(a):
+    """A 16-bit device array as float32 on the device (bfloat16 through its bits)."""
+    if a.dtype == BF16:
+        return (a.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+    return a.astype(cupy.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("s", [64, 128, 200, 512])
+def test_wide_short_rows(s, dtype):
+    """Boolean-masked 16-bit short rows take 4 packs a lane, staged, in groups of 4 lanes or more
+    (hip/dispatch.cuh, kWideMinGroup) where every walking block takes two steps or more; fewer
+    rows keep the tiny table's 2 packs, and so do rows that would leave a group of 2 lanes
+    (S = 64). Both sides of the row count, [H,1,S,S] with a padding mask and causal limit:
+    sampled rows (the first and last among them) against float64, and every row of the poisoned
+    output summing to 1, or to 0 where nothing is kept."""
+    g = rng()
+    plan = lambda heads: _ops.plan((heads * s, s), dtype, causal_queries=s)
+    if s == 64:
+        assert plan(1 << 16)["packs"] == 2 and plan(1 << 16)["group"] == 4, plan(1 << 16)  # not 4 packs in 2 lanes
+        sides = (256,)
+    else:
+        heads = 8
+        while plan(heads)["packs"] != 4:
+            heads *= 2
+            assert heads * s * s <= 1 << 28, plan(heads)
+        wide, tiny = plan(heads), plan(heads // 4)
+        assert wide["family"] == "warp" and wide["group"] >= 4, wide
+        assert (wide["stage"] > 0) == (not cupy.cuda.runtime.is_hip), wide  # staged where cp.async exists
+        assert tiny["packs"] == 2 and tiny["group"] == 2 * wide["group"], (tiny, wide)
+        sides = (heads // 4, heads)
+    for heads in sides:
+        shape = (heads, 1, s, s)
+        x = cupy.random.standard_normal(shape, dtype=cupy.float32) * 3
+        x = x.astype(cupy.float16) if dtype == "float16" else (x.view(cupy.uint32) >> 16).astype(cupy.uint16).view(BF16)
+        pad = cupy.random.random((heads, 1, 1, s)) > 0.2
+        pad[0, ..., : s // 2] = False  # the first rows of the first head keep nothing: zeros
+        y = pysoftmax.fused(x, scale=0.3, mask=pad, causal=True, out=poisoned(shape, dtype))
+        sums = widened(y).reshape(-1, s).sum(axis=1)
+        kept = cupy.any(pad.reshape(heads, 1, 1, s) & cupy.tri(s, dtype=bool), axis=-1).reshape(-1)
+        assert bool(cupy.all(cupy.abs(sums - kept) < 2e-2)), f"row sums, {heads} heads of S={s}"
+        rows = numpy.unique(numpy.r_[0, g.integers(0, heads * s, 80), heads * s - 1])
+        got = cupy.asnumpy(widened(y).reshape(-1, s)[cupy.asarray(rows)]).astype(numpy.float64)
+        x64 = cupy.asnumpy(widened(x).reshape(-1, s)[cupy.asarray(rows)]).astype(numpy.float64)
+        keep = cupy.asnumpy(pad.reshape(heads, s))[rows // s] & (numpy.arange(s)[None, :] <= (rows % s)[:, None])
+        assert_close(got, ref_softmax(x64, 0.3, keep), dtype, f"{heads} heads of S={s}, seed={g.seed}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -60,7 +60,10 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
             case SOFTMAX_FAMILY_WARP: {
               if (int64_t{p.group} * p.packs * pack < cols) report(op, "rows_warp does not cover the row", family, pack, threads, cols, p);
               if (p.packs > max_packs || p.group > kMaxGroup) report(op, "rows_warp over its register budget", family, pack, threads, cols, p);
-              const int64_t stage = pack > 1 && kAsyncCopy && warp_stages<Op>(p.packs)
+              const int narrowest = pack > 1 ? narrowest_group<Op, vec_pack<T>()>(p.packs) : narrowest_group<Op, 1>(p.packs);
+              if (p.group < narrowest || (p.group & (p.group - 1)))
+                report(op, "rows_warp outside its compiled group widths", family, pack, threads, cols, p);
+              const int64_t stage = pack > 1 && kAsyncCopy && warp_stages<Op>(p.packs, p.group)
                                         ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes : 0;
               if (stage != p.stage) report(op, "rows_warp stage differs from the kernel's slots", family, pack, threads, cols, p);
               break;
