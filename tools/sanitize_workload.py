@@ -67,6 +67,16 @@ for dtype in ("float32", "float16"):
         step(f"many rows masked {what} {dtype}",
              lambda: pysoftmax.fused(x.reshape(rows // 100 if rows % 100 == 0 else rows, -1, cols), causal=True))
         del x, y
+    # Boolean-masked 16-bit short rows in 4 packs a lane (groups of 16 lanes for rows of 304),
+    # staged, which dispatch takes only where every walking block takes two steps or more.
+    if dtype == "float16":
+        heads = -(-2 * 32 * 8 * cupy.cuda.Device().attributes["MultiProcessorCount"] // 100) + 7
+        x = arr((heads, 100, 304), dtype)
+        pad = cupy.asarray(rng.random((heads, 1, 304)) > 0.3)
+        plan = _ops.plan((heads * 100, 304), dtype, causal_queries=100)
+        step(f"many rows masked wide lanes {dtype} (packs={plan['packs']} group={plan['group']} stage={plan['stage']})",
+             lambda: pysoftmax.fused(x, scale=0.5, mask=pad, causal=True))
+        del x, pad
     # rows_stream with each row resident in its stage: 64-thread blocks make rows of 2056 three
     # steps (the last partial), and more rows than blocks make each block refill its stage.
     x = arr((4300, 2056), dtype)
