@@ -418,9 +418,10 @@ template <typename T, int kMask> struct ForwardOp {
   // float mask and a causal limit lost, from S = 512 on (59% -> 54%; S = 4096: 60% -> 52%).
   template <typename M, int kPack, int kPacks>
   __device__ __forceinline__ void add_mask_span(const Row& w, const Span& s, const Reach<true>& reach, C* v) const {
-    // All packs first only while they fit 16 registers: more spilled (ptxas: 236-308 bytes in
-    // rows_warp of 4-8 packs a lane), so wider spans add each pack as it arrives.
-    constexpr bool kAllFirst = kPacks * kPack * sizeof(M) <= 64;
+    // All packs first only while they fit half a thread's row budget (16 registers): more spilled
+    // (ptxas: 236-308 bytes in rows_warp of 4-8 packs a lane), so wider spans add each pack as it
+    // arrives.
+    constexpr bool kAllFirst = kPacks * kPack * sizeof(M) <= kRowRegisters / 2 * sizeof(uint32_t);
     const M* m = reinterpret_cast<const M*>(w.mask);
     M raw[kPacks][kPack];
     auto add = [&](int j) {
@@ -467,9 +468,10 @@ template <typename T, int kMask> struct ForwardOp {
     }
     load_span<C, T, kPack, kPacks, kMasked>(w.x, s, bound, live, v, st);
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
-    // the others, and the boolean mask's False columns, become the pad. The mask is read a pack
-    // at a time (masks are mostly broadcast rows served from cache, and holding them for every
-    // pack would double the registers the row needs).
+    // the others, and the boolean mask's False columns, become the pad. A boolean mask here is
+    // read a pack at a time (masks are mostly broadcast rows served from cache, and holding them
+    // for every pack would double the registers the row needs); the additive one as
+    // add_mask_span says.
     const Reach<kMasked> reach(s, bound, live);
     if constexpr (kMask == kAddMask) {
       switch (mask ? mask_dtype : SOFTMAX_NONE) {
