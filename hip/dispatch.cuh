@@ -33,9 +33,9 @@ template <typename Op, int kPack> constexpr int tiny_rows_for() {
 template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
   return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>() : tiny_rows_for<Op, 1>();
 }
-// Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged) where that leaves a
-// group of at least kWideMinGroup lanes and each walking block at least two steps (kernels.cuh
-// has the measurements). Narrower groups lost: 16-bit rows of 32 in one lane 84% -> 59-67% of
+// Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
+// platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
+// walking block at least two steps (kernels.cuh has the measurements). Narrower groups lost: 16-bit rows of 32 in one lane 84% -> 59-67% of
 // copy bandwidth; so did grids whose blocks take one step, where no staged copy overlaps
 // anything (H200, [64,16,128,128] with a padding mask: 65% -> 58%).
 constexpr int kWideMinGroup = 4;
@@ -273,7 +273,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.rows_per_group = tiny_rows;
       const int wide = next_pow2(ceil_div(packs, kStagedPacks));
       const int64_t sets = ceil_div(rows, p.threads / wide);
-      if (Op::kWideShortRows && pack > 1 && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
+      if (Op::kWideShortRows && kAsyncCopy && pack > 1 && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
         p.packs = kStagedPacks;
         p.group = wide;
         p.rows_per_group = 1;
@@ -406,7 +406,7 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
 // the tiny table, kWideMinGroup for an op's wide short rows, else (the medium table) full groups.
 template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
   if (packs <= (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) return 1;
-  return Op::kWideShortRows && kPack > 1 && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
+  return Op::kWideShortRows && kAsyncCopy && kPack > 1 && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
 }
 
 // rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup.

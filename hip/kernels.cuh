@@ -263,7 +263,7 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStaged = 1;
   static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
   static constexpr int kStageWarpMax = kMask == kBoolMask ? kStagedPacks : kMasked ? 0 : INT_MAX;
-  // A lane alone on its row (16-bit rows of 16 or fewer) does not stage: the copies' instructions
+  // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the copies' instructions
   // cost more than the latency they hide (H200, float16 rows of 16: 70% -> 86% of copy
   // bandwidth). Groups of two still gain from it (bfloat16 rows of 32: 82% unstaged, 88% staged).
   static constexpr int kStageWarpMinGroup = 2;
