@@ -35,10 +35,12 @@ template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
 }
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
-// walking block at least two steps (kernels.cuh has the measurements). Narrower groups lost: 16-bit rows of 32 in one lane 84% -> 59-67% of
-// copy bandwidth; so did grids whose blocks take one step, where no staged copy overlaps
-// anything (H200, [64,16,128,128] with a padding mask: 65% -> 58%).
+// walking block at least two steps (kernels.cuh has the measurements). Narrower groups lost:
+// 16-bit rows of 32 in one lane 84% -> 59-67% of copy bandwidth; so did grids whose blocks take
+// one step, where no staged copy overlaps anything (H200, [64,16,128,128] with a padding mask:
+// 65% -> 58%).
 constexpr int kWideMinGroup = 4;
+template <typename Op> constexpr bool wide_lanes(int pack) { return Op::kWideShortRows && kAsyncCopy && pack > 1; }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
 // Vector rows: kStagedPacks packs (64 bytes) per thread, in blocks of kBlockMinThreads to
@@ -273,7 +275,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.rows_per_group = tiny_rows;
       const int wide = next_pow2(ceil_div(packs, kStagedPacks));
       const int64_t sets = ceil_div(rows, p.threads / wide);
-      if (Op::kWideShortRows && kAsyncCopy && pack > 1 && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
+      if (wide_lanes<Op>(pack) && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
         p.packs = kStagedPacks;
         p.group = wide;
         p.rows_per_group = 1;
@@ -406,7 +408,7 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
 // the tiny table, kWideMinGroup for an op's wide short rows, else (the medium table) full groups.
 template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
   if (packs <= (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) return 1;
-  return Op::kWideShortRows && kAsyncCopy && kPack > 1 && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
+  return wide_lanes<Op>(kPack) && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
 }
 
 // rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup.
