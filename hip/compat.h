@@ -7,6 +7,7 @@
 //               32 on RDNA (wave32) and NVIDIA. Host code never uses it: one AMD fat binary may
 //               hold wave64 and wave32 targets, so the host asks the device (warpSize) instead.
 //   warp_shfl_xor(v, lane_mask, width)   butterfly exchange inside groups of `width` lanes.
+//   warp_all(pred)          whether pred holds on every lane of the warp (all lanes present).
 //   bf16_round(v)           float to bfloat16 bits, round to nearest even, NaN kept NaN: one
 //               instruction where the hardware has it (sm_80+), the bit arithmetic elsewhere.
 //   bf16x2_round(lo, hi)   two of them packed in one word, one instruction on sm_80+.
@@ -81,6 +82,7 @@ template <typename V>
 __device__ __forceinline__ V warp_shfl_xor(V v, int lane_mask, int width) {
   return __shfl_xor(v, lane_mask, width);
 }
+__device__ __forceinline__ bool warp_all(bool pred) { return __all(pred); }
 #else
 constexpr int kWarpSize = 32;
 template <typename V>
@@ -89,6 +91,7 @@ __device__ __forceinline__ V warp_shfl_xor(V v, int lane_mask, int width) {
   // around a reduction), so the participation mask is the full warp.
   return __shfl_xor_sync(~0u, v, lane_mask, width);
 }
+__device__ __forceinline__ bool warp_all(bool pred) { return __all_sync(~0u, pred); }
 #endif
 
 __device__ __forceinline__ uint16_t bf16_round(float v) {

@@ -110,17 +110,44 @@ template <int kPack> __device__ __forceinline__ int inside(int o, int lim) {
 // pack that the bound cuts is still read whole where it lies inside the span (a causal limit
 // cuts one pack of every row: element-wise, its loads and mask reads cost more than the rest of
 // a short row's; whoever reads it pads the columns from the bound on).
-template <bool kCut> struct Reach {
+template <bool kCut, bool kFull = false> struct Reach {
   int lim, end;  // bound and span end, local; 0 for dead rows
+  __device__ __forceinline__ Reach(int lim_, int end_) : lim(lim_), end(end_) {}
   __device__ __forceinline__ Reach(const Span& s, int64_t bound, bool live)
       : lim(live ? s.local(bound) : 0), end(kCut ? (live ? s.local(s.end) : 0) : lim) {}
-  template <int kPack> __device__ __forceinline__ int n(int o) const { return inside<kPack>(o, lim); }
+  template <int kPack> __device__ __forceinline__ int n(int o) const { return kFull ? kPack : inside<kPack>(o, lim); }
   // Whether the pack at o is read as one vector: it holds a column below the bound and lies
   // wholly inside the span (without kCut: wholly below the bound).
   template <int kPack> __device__ __forceinline__ bool whole(int o) const {
-    return kCut ? o < lim && o + kPack <= end : inside<kPack>(o, lim) == kPack;
+    return kFull || (kCut ? o < lim && o + kPack <= end : inside<kPack>(o, lim) == kPack);
   }
 };
+
+// fn(reach) with the span's Reach. Where every one of the thread's kPacks packs lies wholly
+// below the bound (a row that fills its span: all but a row's last step and dead rows), fn gets a
+// Reach<kCut, true>, whose per-pack tests are constants and compile away: they took 4-5 of the
+// 23 instructions an element of the issue-bound 16-bit rows with a padding mask (H200 SASS).
+// H200, against the tests on every row: additive float masks on [B,16,S,S] 16-bit rows 52-61% -> 70-74%
+// of copy bandwidth, float32 83-88% -> 90-93%; float32 rows with a padding mask and causal limit,
+// 512-8192 columns, 96-104% -> 108-118%; backward of 32 16-bit columns 93% -> 99%, of 32768
+// float32 82% -> 86%. Under a cut (kCut, a causal limit) rows differ, and the warp decides as one:
+// otherwise lanes of a warp holding several rows run both paths. kSplitCut: whether a cut loader
+// takes the split at all; where it does not, the tests stay (16-bit rows with a boolean mask and
+// a causal limit: the split cost rows of 32 83% -> 77%, [64,16,128,128] causal 73% -> 66%).
+template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, typename Fn>
+__device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool live, Fn&& fn) {
+  const Reach<kCut> reach(s, bound, live);
+  if constexpr (kCut && !kSplitCut) {
+    fn(reach);
+  } else {
+    const bool full = reach.lim >= s.off<kPack>(kPacks - 1) + kPack;  // the thread's last pack's end
+    if (kCut ? warp_all(full) : full) {
+      fn(Reach<kCut, true>(reach.lim, reach.end));
+    } else {
+      fn(reach);
+    }
+  }
+}
 
 // Reads kPacks packs of T at the span's columns of `row`, widened to the compute type C, into
 // v[j * kPack + i]. Each pack is converted as soon as it is read, so only one pack of raw values
@@ -129,52 +156,54 @@ template <bool kCut> struct Reach {
 // past the bound in a pack read whole keep their values (callers pad them too).
 // With a stage, whole packs come from its slots, where prefetch_span (same span, bound and
 // liveness) copied them; partial packs are read from global memory here.
-template <typename C, typename T, int kPack, int kPacks, bool kCut = false>
+template <typename C, typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true>
 __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v,
                                           const Stage* st = nullptr) {
   const T* p = row + s.base;
-  const Reach<kCut> reach(s, bound, live);
-#pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int o = s.off<kPack>(j);
-    const int n = reach.template n<kPack>(o);
-    // Each path widens its own values: were the raw 16-bit values merged first, every element
-    // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
-    if (kPack > 1 && reach.template whole<kPack>(o)) {
-      T raw[kPack];
-      load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : p + o, raw);
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
-    } else if (n > 0) {  // a partial pack; whole packs past a causal limit skip even the tests
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = i < n ? static_cast<C>(to_compute(p[o + i])) : C(0);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) v[j * kPack + i] = C(0);
-    }
-  }
-}
-
-// Starts copying the whole packs that load_span would read into the stage's slots.
-template <typename T, int kPack, int kPacks, bool kCut = false>
-__device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
-  if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
-    const T* p = row + s.base;
-    const Reach<kCut> reach(s, bound, live);
+  with_reach<kCut, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int o = s.off<kPack>(j);
-      // Masked 16-bit rows copy under the instruction's own predicate: every address is computed
-      // once, where a branch per copy made the compiler recompute each from the row's start
-      // (H200: 16-bit masked rows_block +3-5 points). float32 rows_block at its 64-register cap
-      // spilled more with every address live at once and lost 13 points, and the 16-bit
-      // resident stream lost 6-10, so they branch.
-      if constexpr (sizeof(T) == 2 && kCut) {
-        copy_async_16_if(reach.template whole<kPack>(o), st.slot(j), p + o);
-      } else if (reach.template whole<kPack>(o)) {
-        copy_async_16(st.slot(j), p + o);
+      const int n = reach.template n<kPack>(o);
+      // Each path widens its own values: were the raw 16-bit values merged first, every element
+      // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
+      if (kPack > 1 && reach.template whole<kPack>(o)) {
+        T raw[kPack];
+        load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : p + o, raw);
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) v[j * kPack + i] = static_cast<C>(to_compute(raw[i]));
+      } else if (n > 0) {  // a partial pack; whole packs past a causal limit skip even the tests
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) v[j * kPack + i] = i < n ? static_cast<C>(to_compute(p[o + i])) : C(0);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) v[j * kPack + i] = C(0);
       }
     }
+  });
+}
+
+// Starts copying the whole packs that load_span would read into the stage's slots.
+template <typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true>
+__device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
+  if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
+    const T* p = row + s.base;
+    with_reach<kCut, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.off<kPack>(j);
+        // Masked 16-bit rows copy under the instruction's own predicate: every address is
+        // computed once, where a branch per copy made the compiler recompute each from the row's
+        // start (H200: 16-bit masked rows_block +3-5 points). float32 rows_block at its
+        // 64-register cap spilled more with every address live at once and lost 13 points, and
+        // the 16-bit resident stream lost 6-10, so they branch.
+        if constexpr (sizeof(T) == 2 && kCut) {
+          copy_async_16_if(reach.template whole<kPack>(o), st.slot(j), p + o);
+        } else if (reach.template whole<kPack>(o)) {
+          copy_async_16(st.slot(j), p + o);
+        }
+      }
+    });
   }
 }
 
@@ -182,19 +211,20 @@ __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64
 template <typename T, int kPack, int kPacks>
 __device__ __forceinline__ void store_span(T* row, const Span& s, const Narrowed<T, kPack> (&out)[kPacks]) {
   T* p = row + s.base;
-  const int lim = s.local(s.end);
+  with_reach<false, kPack, kPacks>(s, s.end, true, [&](const auto& reach) {
 #pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int o = s.off<kPack>(j);
-    const int n = inside<kPack>(o, lim);
-    if (n == kPack && kPack > 1) {
-      store_pack<T, kPack>(p + o, out[j]);
-    } else {
+    for (int j = 0; j < kPacks; ++j) {
+      const int o = s.off<kPack>(j);
+      const int n = reach.template n<kPack>(o);
+      if (n == kPack && kPack > 1) {
+        store_pack<T, kPack>(p + o, out[j]);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i)
-        if (i < n) p[o + i] = out[j].v[i];
+        for (int i = 0; i < kPack; ++i)
+          if (i < n) p[o + i] = out[j].v[i];
+      }
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,6 +305,9 @@ template <typename T, int kMask> struct ForwardOp {
   // 99-102%). float32 rows moved both ways (a padding mask alone, S = 128: 90 -> 84; with a causal
   // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
   static constexpr bool kWideShortRows = kMask == kBoolMask && sizeof(T) == 2;
+  // Whether the loaders drop their per-pack tests on rows that fill their spans under a causal
+  // limit too (with_reach): not 16-bit rows with a boolean mask, which lost there (H200).
+  static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
   // are converted and added), and float64 with any mask.
@@ -416,8 +449,8 @@ template <typename T, int kMask> struct ForwardOp {
   // mask, S = 64-1024: 16-bit rows with a float16 mask 47-57% -> 53-60% of copy bandwidth, with a
   // float32 mask 47-57% -> 61-64%; float32 rows 82-86% -> 85-93%. Only 16-bit rows with both a
   // float mask and a causal limit lost, from S = 512 on (59% -> 54%; S = 4096: 60% -> 52%).
-  template <typename M, int kPack, int kPacks>
-  __device__ __forceinline__ void add_mask_span(const Row& w, const Span& s, const Reach<true>& reach, C* v) const {
+  template <typename M, int kPack, int kPacks, typename R>
+  __device__ __forceinline__ void add_mask_span(const Row& w, const Span& s, const R& reach, C* v) const {
     // All packs first only while they fit half a thread's row budget (16 registers): more spilled
     // (ptxas: 236-308 bytes in rows_warp of 4-8 packs a lane), so wider spans add each pack as it
     // arrives.
@@ -454,7 +487,7 @@ template <typename T, int kMask> struct ForwardOp {
   // read whole, and its columns from the limit on become the pad).
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks, kMasked>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);
+    prefetch_span<T, kPack, kPacks, kMasked, kSplitCut>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);
   }
 
   template <int kPack, int kPacks>
@@ -466,42 +499,43 @@ template <typename T, int kMask> struct ForwardOp {
         return;
       }
     }
-    load_span<C, T, kPack, kPacks, kMasked>(w.x, s, bound, live, v, st);
+    load_span<C, T, kPack, kPacks, kMasked, kSplitCut>(w.x, s, bound, live, v, st);
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
     // the others, and the boolean mask's False columns, become the pad. A boolean mask here is
     // read a pack at a time (masks are mostly broadcast rows served from cache, and holding them
     // for every pack would double the registers the row needs); the additive one as
     // add_mask_span says.
-    const Reach<kMasked> reach(s, bound, live);
-    if constexpr (kMask == kAddMask) {
-      switch (mask ? mask_dtype : SOFTMAX_NONE) {
-        case SOFTMAX_FLOAT16: return add_mask_span<__half, kPack, kPacks>(w, s, reach, v);
-        case SOFTMAX_BFLOAT16: return add_mask_span<bf16_t, kPack, kPacks>(w, s, reach, v);
-        case SOFTMAX_FLOAT32: return add_mask_span<float, kPack, kPacks>(w, s, reach, v);
-        case SOFTMAX_FLOAT64: return add_mask_span<double, kPack, kPacks>(w, s, reach, v);
-        default: break;  // no mask, or a boolean one under an unfoldable scale: below
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int o = s.off<kPack>(j);
-      const int n = reach.template n<kPack>(o);
-      C* x = v + j * kPack;
-      if constexpr (kMasked) {
-        if (mask) {  // boolean here
-          apply_bool_mask<kPack>(w, s.col<kPack>(j), n, reach.template whole<kPack>(o), x);
-          continue;
+    with_reach<kMasked, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+      if constexpr (kMask == kAddMask) {
+        switch (mask ? mask_dtype : SOFTMAX_NONE) {
+          case SOFTMAX_FLOAT16: add_mask_span<__half, kPack, kPacks>(w, s, reach, v); return;
+          case SOFTMAX_BFLOAT16: add_mask_span<bf16_t, kPack, kPacks>(w, s, reach, v); return;
+          case SOFTMAX_FLOAT32: add_mask_span<float, kPack, kPacks>(w, s, reach, v); return;
+          case SOFTMAX_FLOAT64: add_mask_span<double, kPack, kPacks>(w, s, reach, v); return;
+          default: break;  // no mask, or a boolean one under an unfoldable scale: below
         }
       }
-      // A whole pack, the common case, takes no per-element test (and, folded, no instruction).
-      if (n == kPack) {
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) x[i] = scaled(x[i], C(0));
-      } else {
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.off<kPack>(j);
+        const int n = reach.template n<kPack>(o);
+        C* x = v + j * kPack;
+        if constexpr (kMasked) {
+          if (mask) {  // boolean here
+            apply_bool_mask<kPack>(w, s.col<kPack>(j), n, reach.template whole<kPack>(o), x);
+            continue;
+          }
+        }
+        // A whole pack, the common case, takes no per-element test (and, folded, no instruction).
+        if (n == kPack) {
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) x[i] = i < n ? scaled(x[i], C(0)) : pad();
+          for (int i = 0; i < kPack; ++i) x[i] = scaled(x[i], C(0));
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = i < n ? scaled(x[i], C(0)) : pad();
+        }
       }
-    }
+    });
   }
 
   // The boolean loader of vector packs (16-bit rows, and staged float32 rows). Each pack read
@@ -523,47 +557,48 @@ template <typename T, int kMask> struct ForwardOp {
     constexpr Bits kAll = static_cast<Bits>(0x0101010101010101ull);
     const T* p = w.x + s.base;
     const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
-    const Reach<true> reach(s, bound, live);
-    const bool words_first = sizeof(T) == 2 || !st;
-    auto read_word = [&](int o) -> Bits {
-      if (!m) return kAll;
-      if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
-      Bits b = 0;
+    with_reach<true, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+      const bool words_first = sizeof(T) == 2 || !st;
+      auto read_word = [&](int o) -> Bits {
+        if (!m) return kAll;
+        if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
+        Bits b = 0;
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
-      return b;
-    };
-    T raw[kPacks][kPack];
-    Bits bits[kPacks];
+        for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
+        return b;
+      };
+      T raw[kPacks][kPack];
+      Bits bits[kPacks];
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int o = s.off<kPack>(j);
-      bits[j] = 0;
-      if (reach.template whole<kPack>(o)) {
-        if (!st) load_pack<T, kPack>(p + o, raw[j]);
-        if (words_first) bits[j] = read_word(o);
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.off<kPack>(j);
+        bits[j] = 0;
+        if (reach.template whole<kPack>(o)) {
+          if (!st) load_pack<T, kPack>(p + o, raw[j]);
+          if (words_first) bits[j] = read_word(o);
+        }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int o = s.off<kPack>(j);
-      const int n = reach.template n<kPack>(o);
-      C* x = v + j * kPack;
-      if (reach.template whole<kPack>(o)) {
-        if (st) load_pack<T, kPack>(static_cast<const T*>(st->slot(j)), raw[j]);
-        if (!words_first) bits[j] = read_word(o);
-        const Bits b = n < kPack ? bits[j] & ((Bits{1} << (8 * n)) - 1) : bits[j];  // 1 <= n: the causal cut
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.off<kPack>(j);
+        const int n = reach.template n<kPack>(o);
+        C* x = v + j * kPack;
+        if (reach.template whole<kPack>(o)) {
+          if (st) load_pack<T, kPack>(static_cast<const T*>(st->slot(j)), raw[j]);
+          if (!words_first) bits[j] = read_word(o);
+          const Bits b = n < kPack ? bits[j] & ((Bits{1} << (8 * n)) - 1) : bits[j];  // 1 <= n: the causal cut
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) x[i] = b & (Bits{0xff} << (8 * i)) ? static_cast<C>(to_compute(raw[j][i])) : pad();
-      } else if (n > 0) {
+          for (int i = 0; i < kPack; ++i) x[i] = b & (Bits{0xff} << (8 * i)) ? static_cast<C>(to_compute(raw[j][i])) : pad();
+        } else if (n > 0) {
 #pragma unroll
-        for (int i = 0; i < kPack; ++i)
-          x[i] = i < n && (!m || m[(o + i) * mask_col_stride]) ? static_cast<C>(to_compute(p[o + i])) : pad();
-      } else {
+          for (int i = 0; i < kPack; ++i)
+            x[i] = i < n && (!m || m[(o + i) * mask_col_stride]) ? static_cast<C>(to_compute(p[o + i])) : pad();
+        } else {
 #pragma unroll
-        for (int i = 0; i < kPack; ++i) x[i] = pad();
+          for (int i = 0; i < kPack; ++i) x[i] = pad();
+        }
       }
-    }
+    });
   }
 
   // A loaded logit as the exponent sees it: as is where the scale is folded, else x * scale + add.
