@@ -125,15 +125,19 @@ template <bool kCut, bool kFull = false> struct Reach {
 
 // fn(reach) with the span's Reach. Where every one of the thread's kPacks packs lies wholly
 // below the bound (a row that fills its span: all but a row's last step and dead rows), fn gets a
-// Reach<kCut, true>, whose per-pack tests are constants and compile away: they took 4-5 of the
-// 23 instructions an element of the issue-bound 16-bit rows with a padding mask (H200 SASS).
-// H200, against the tests on every row: additive float masks on [B,16,S,S] 16-bit rows 52-61% -> 70-74%
-// of copy bandwidth, float32 83-88% -> 90-93%; float32 rows with a padding mask and causal limit,
-// 512-8192 columns, 96-104% -> 108-118%; backward of 32 16-bit columns 93% -> 99%, of 32768
-// float32 82% -> 86%. Under a cut (kCut, a causal limit) rows differ, and the warp decides as one:
-// otherwise lanes of a warp holding several rows run both paths. kSplitCut: whether a cut loader
-// takes the split at all; where it does not, the tests stay (16-bit rows with a boolean mask and
-// a causal limit: the split cost rows of 32 83% -> 77%, [64,16,128,128] causal 73% -> 66%).
+// Reach<kCut, true>, whose per-pack tests are constants and compile away. The tests took 4-5 of
+// the 23 instructions an element in the profile that prompted this (16-bit rows with a padding
+// mask, H200 SASS). Measured on the H200 against the tests on every row: additive float masks on
+// [B,16,S,S] 16-bit rows 52-61% -> 70-74% of copy bandwidth, float32 83-88% -> 90-93%; float32
+// rows with a padding mask and causal limit, 512-8192 columns, 96-104% -> 108-118%; backward of
+// 32 16-bit columns 93% -> 99%, of 32768 float32 82% -> 86%.
+// kCut (the masked forward ops, whose bound may be a causal limit before the span's end): rows
+// differ, and the warp decides as one (every caller runs its loaders with the whole warp), or the
+// lanes of a warp holding several rows would run both paths. kSplitCut: whether a cut loader
+// takes the split at all; where it does not, the tests stay (16-bit rows with a boolean mask: the
+// split cost rows of 32 with a causal limit 83% -> 77%, [64,16,128,128] causal 73% -> 66%).
+// The bound never lies past the span's end (callers pass min(limit, end)): n() == kPack relies
+// on it.
 template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, typename Fn>
 __device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool live, Fn&& fn) {
   const Reach<kCut> reach(s, bound, live);
@@ -305,8 +309,8 @@ template <typename T, int kMask> struct ForwardOp {
   // 99-102%). float32 rows moved both ways (a padding mask alone, S = 128: 90 -> 84; with a causal
   // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
   static constexpr bool kWideShortRows = kMask == kBoolMask && sizeof(T) == 2;
-  // Whether the loaders drop their per-pack tests on rows that fill their spans under a causal
-  // limit too (with_reach): not 16-bit rows with a boolean mask, which lost there (H200).
+  // Whether the masked loaders drop their per-pack tests on spans that rows fill (with_reach):
+  // not 16-bit rows with a boolean mask, which lost where a causal limit cuts them (H200).
   static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
