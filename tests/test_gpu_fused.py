@@ -131,6 +131,32 @@ def test_causal_with_padding_and_fully_masked_rows(dtype):
     assert_close(y, ref, dtype, f"seed={g.seed}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_kind", ["float16", "float32", "bool, scale < 0"])
+@pytest.mark.parametrize("k", [8, 67, 1024, 1500, 40000])
+def test_causal_with_additive_mask(k, mask_kind, dtype):
+    """The additive loader under a causal limit (a float mask, or any mask with a scale that is not
+    folded). More queries than keys (where they fit on chip), so that a warp's or block's rows mix
+    rows the limit cuts with rows it leaves whole: the loaders drop their per-pack tests only where
+    the whole warp's spans lie below the limit (with_reach), and both paths meet in one launch."""
+    g = rng()
+    q = k + 40 if k <= 1500 else 3
+    x64 = rounded(g.standard_normal((2, q, k)) * 3, dtype)
+    if mask_kind == "bool, scale < 0":
+        scale, m_host = -0.6, g.random((2, 1, k)) > 0.3
+        m = cupy.asarray(m_host)
+    else:
+        scale = 0.6
+        m_host = rounded(g.standard_normal((2, 1, k)) * 2, mask_kind)
+        m_host[:, :, g.random(k) > 0.7] = -numpy.inf  # padded keys
+        m = to_device(m_host, mask_kind)
+    y = pysoftmax.fused(to_device(x64, dtype), scale=scale, mask=m, causal=True, out=poisoned(x64.shape, dtype))
+    y = to_host64(y)
+    assert_close(y, ref_softmax(x64, scale, m_host, causal=True), dtype, f"q={q} k={k} {mask_kind} seed={g.seed}")
+    upper = numpy.arange(k)[None, :] > numpy.arange(q)[:, None]
+    assert numpy.all(y[:, upper] == 0), "keys after the query must get exactly zero"
+
+
 def widened(a):
     """A 16-bit device array as float32 on the device (bfloat16 through its bits)."""
     if a.dtype == BF16:
