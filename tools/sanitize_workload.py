@@ -70,7 +70,12 @@ for dtype in ("float32", "float16"):
     # Boolean-masked 16-bit short rows in 4 packs a lane (groups of 16 lanes for rows of 304),
     # staged, which dispatch takes only where every walking block takes two steps or more.
     if dtype == "float16":
-        heads = -(-2 * 32 * 8 * cupy.cuda.Device().attributes["MultiProcessorCount"] // 100) + 7
+        # Rows for two steps of every walking block: 2 steps x 32 blocks an SM (dispatch.cuh,
+        # kMaxBlocksPerSm) x 8 rows a block (128 threads in groups of 16 lanes), in heads of 100
+        # queries, plus a few so that the last step is partial.
+        steps, blocks_per_sm, rows_per_block, queries = 2, 32, 128 // 16, 100
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        heads = -(-steps * blocks_per_sm * rows_per_block * sms // queries) + 7
         x = arr((heads, 100, 304), dtype)
         pad = cupy.asarray(rng.random((heads, 1, 304)) > 0.3)
         plan = _ops.plan((heads * 100, 304), dtype, causal_queries=100)
