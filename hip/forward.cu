@@ -105,7 +105,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
   if (plan.family == kNaiveFamily) {
-    if constexpr (kMask == kBoolMask) {
+    if constexpr (kMask == kBoolMask || kMask == kPadMask) {
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
       if (op.mask || op.causal_queries.d)
@@ -139,7 +139,8 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
     const bool folds = k >= static_cast<double>(std::numeric_limits<C>::min()) &&
                        k <= static_cast<double>(std::numeric_limits<C>::max());
     if ((has_mask && p->mask_dtype != SOFTMAX_BOOL) || !folds) return forward_typed<T, kAddMask>(*p, stream, mode, q);
-    if (has_mask || p->causal_queries != 0) return forward_typed<T, kBoolMask>(*p, stream, mode, q);
+    if (p->causal_queries != 0) return forward_typed<T, kBoolMask>(*p, stream, mode, q);
+    if (has_mask) return forward_typed<T, kPadMask>(*p, stream, mode, q);
     return forward_typed<T, kNoMask>(*p, stream, mode, q);
   });
 }

@@ -236,14 +236,16 @@ __device__ __forceinline__ void store_span(T* row, const Span& s, const Narrowed
 
 // The mask a ForwardOp instantiation reads: each kind is its own set of kernels, because the code
 // of a kind costs registers and bandwidth even where it is never executed (see the top).
-// The first two fold the scale into the exponent (exp(scale * (x - max)) = exp(x * scale - max(x *
-// scale)) for scale > 0): their loads only widen and mask, one multiply per element fewer in
-// kernels bound by the instructions they issue. A scale that cannot be folded (<= 0, or one
-// whose factor overflows) takes the third kind, which applies it on load.
+// All but kAddMask fold the scale into the exponent (exp(scale * (x - max)) = exp(x * scale -
+// max(x * scale)) for scale > 0): their loads only widen and mask, one multiply per element fewer
+// in kernels bound by the instructions they issue. A scale that cannot be folded (<= 0, or one
+// whose factor overflows) takes kAddMask, which applies it on load.
 enum MaskKind {
   kNoMask = 0,    // plain softmax(x * scale), scale folded
-  kBoolMask = 1,  // a boolean mask (True keeps), or none; with or without causal; scale folded
+  kBoolMask = 1,  // a causal limit, with or without a boolean mask (True keeps); scale folded
   kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
+  kPadMask = 3,   // a boolean mask without a causal limit; scale folded. Its spans are never cut, so
+                  // 16-bit rows drop their per-pack tests without a warp vote (with_reach)
 };
 
 // Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
@@ -284,6 +286,9 @@ __device__ __forceinline__ int64_t row_div(int64_t a, const Divisor& b, int64_t*
 
 template <typename T, int kMask> struct ForwardOp {
   static constexpr bool kMasked = kMask != kNoMask;
+  static constexpr bool kBool = kMask == kBoolMask || kMask == kPadMask;  // a boolean mask's loaders
+  // Whether a span's bound may lie before its end (a causal limit): the loaders' kCut.
+  static constexpr bool kCausal = kMask == kBoolMask || kMask == kAddMask;
   using Storage = T;
   using C = typename Compute<T>::type;
   using Item = C;
@@ -296,7 +301,7 @@ template <typename T, int kMask> struct ForwardOp {
   // (70-86 unstaged, and faster); a boolean-masked rows_block stays at 82 and gains 10-25%.
   static constexpr int kStaged = 1;
   static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
-  static constexpr int kStageWarpMax = kMask == kBoolMask ? kStagedPacks : kMasked ? 0 : INT_MAX;
+  static constexpr int kStageWarpMax = kBool ? kStagedPacks : kMasked ? 0 : INT_MAX;
   // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the copies' instructions
   // cost more than the latency they hide (H200, float16 rows of 16: 70% -> 86% of copy
   // bandwidth). Groups of two still gain from it (bfloat16 rows of 32: 82% unstaged, 88% staged).
@@ -308,7 +313,7 @@ template <typename T, int kMask> struct ForwardOp {
   // [B,16,S,S] with a padding mask, S = 128-512: 77-81% -> 86-89%; causal only: 86-89% ->
   // 99-102%). float32 rows moved both ways (a padding mask alone, S = 128: 90 -> 84; with a causal
   // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
-  static constexpr bool kWideShortRows = kMask == kBoolMask && sizeof(T) == 2;
+  static constexpr bool kWideShortRows = kBool && sizeof(T) == 2;
   // Whether the masked loaders drop their per-pack tests on spans that rows fill (with_reach):
   // not 16-bit rows with a boolean mask, which lost where a causal limit cuts them (H200).
   static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
@@ -332,7 +337,7 @@ template <typename T, int kMask> struct ForwardOp {
   // 98% capped, though it spills 200 bytes there (H200). The float-mask and element-wise loaders
   // spill more at 64, and a second launch-bound argument, even 1, changed ptxas's choices
   // elsewhere (backward spilled).
-  static constexpr int kBlockBoundThreads = kMask == kBoolMask && sizeof(T) <= 4 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
+  static constexpr int kBlockBoundThreads = kBool && sizeof(T) <= 4 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
   // Two 512-thread rows_stream blocks an SM (64 registers), except for the float mask and float64
   // masks, which spill there (H200: boolean-masked 16-bit rows of 32768 at 70 registers, one block
   // an SM, 57%; capped, 74%).
@@ -373,7 +378,7 @@ template <typename T, int kMask> struct ForwardOp {
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
     w.limit = cols;
-    if (kMasked && causal_queries.d) {
+    if (kCausal && causal_queries.d) {
       int64_t query;
       row_div(r, causal_queries, &query);
       w.limit = min(cols, query + 1);
@@ -403,14 +408,14 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   __device__ __forceinline__ int mask_elem_size() const {
-    if (kMask == kBoolMask) return 1;  // the host sends only boolean masks (or none) here
+    if (kBool) return 1;  // the host sends only boolean masks (or none) here
     return mask_dtype == SOFTMAX_FLOAT64 ? 8 : mask_dtype == SOFTMAX_FLOAT32 ? 4
          : mask_dtype == SOFTMAX_BOOL ? 1 : 2;
   }
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
   // Columns from here on are pads whatever the mask holds: the causal limit.
-  __device__ __forceinline__ int64_t live_end(const Row& w) const { return kMasked ? w.limit : cols; }
+  __device__ __forceinline__ int64_t live_end(const Row& w) const { return kCausal ? w.limit : cols; }
 
   // The boolean mask applied to the pack at c: columns whose mask byte is 0, and those past the
   // n kept (a causal limit, the row's end; n == 0 past the causal limit, which reads nothing),
@@ -491,25 +496,25 @@ template <typename T, int kMask> struct ForwardOp {
   // read whole, and its columns from the limit on become the pad).
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks, kMasked, kSplitCut>(w.x, s, kMasked ? min(w.limit, s.end) : s.end, live, st);
+    prefetch_span<T, kPack, kPacks, kCausal, kSplitCut>(w.x, s, kCausal ? min(w.limit, s.end) : s.end, live, st);
   }
 
   template <int kPack, int kPacks>
   __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
-    const int64_t bound = kMasked ? min(w.limit, s.end) : s.end;
-    if constexpr (kMask == kBoolMask && kPack > 1 && sizeof(T) <= 4) {
+    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
+    if constexpr (kBool && kPack > 1 && sizeof(T) <= 4) {
       if (sizeof(T) == 2 || st) {  // `st` is known where this is inlined: staged or not
         load_bool<kPack, kPacks>(w, s, bound, live, v, st);
         return;
       }
     }
-    load_span<C, T, kPack, kPacks, kMasked, kSplitCut>(w.x, s, bound, live, v, st);
+    load_span<C, T, kPack, kPacks, kCausal, kSplitCut>(w.x, s, bound, live, v, st);
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
     // the others, and the boolean mask's False columns, become the pad. A boolean mask here is
     // read a pack at a time (masks are mostly broadcast rows served from cache, and holding them
     // for every pack would double the registers the row needs); the additive one as
     // add_mask_span says.
-    with_reach<kMasked, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+    with_reach<kCausal, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
       if constexpr (kMask == kAddMask) {
         switch (mask ? mask_dtype : SOFTMAX_NONE) {
           case SOFTMAX_FLOAT16: add_mask_span<__half, kPack, kPacks>(w, s, reach, v); return;
@@ -561,7 +566,7 @@ template <typename T, int kMask> struct ForwardOp {
     constexpr Bits kAll = static_cast<Bits>(0x0101010101010101ull);
     const T* p = w.x + s.base;
     const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
-    with_reach<true, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+    with_reach<kCausal, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
       const bool words_first = sizeof(T) == 2 || !st;
       auto read_word = [&](int o) -> Bits {
         if (!m) return kAll;

@@ -113,6 +113,8 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check<ForwardOp<T, kNoMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+bool mask %s", name);
   check<ForwardOp<T, kBoolMask>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "forward+bool mask, no causal %s", name);
+  check<ForwardOp<T, kPadMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+float mask %s", name);
   check<ForwardOp<T, kAddMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "backward %s", name);
