@@ -64,9 +64,9 @@ constexpr int kThreadsPerSm = 2048;
 constexpr int kRegistersPerSm = 64 << 10;
 // Grids that walk their rows (grid-stride loops) launch at most this many blocks an SM: the
 // stream, the reference, and the register families where more blocks measured slower. rows_warp
-// and rows_block launch a block for every set of rows where the op asks for it (Op::kFullGrid),
-// in blocks of at most kBlockTargetThreads threads, up to kMaxGridThreads threads (HIP on AMD
-// takes fewer than 2^32 a dimension). Blocks of 512 threads, a row each, lost with the full grid:
+// and rows_block launch a block for every set of rows where the op asks for it
+// (Op::kFullGridWarp, Op::kFullGridBlock), in blocks of at most kBlockTargetThreads threads, up
+// to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension). Blocks of 512 threads, a row each, lost with the full grid:
 // H200, 16-bit rows of 16384 95% -> 87% of copy bandwidth, float32 backward of rows of 8192
 // 100% -> 93%.
 constexpr int kMaxBlocksPerSm = 32;
@@ -245,9 +245,10 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
   return true;
 }
 
-// The grid of rows_warp and rows_block for `sets` blocks' worth of rows (see kMaxBlocksPerSm).
-template <typename Op> int64_t register_grid(int64_t sets, int threads, const DeviceInfo& dev) {
-  const bool full = Op::kFullGrid && threads <= kBlockTargetThreads;
+// The grid of rows_warp or rows_block (`family`) for `sets` blocks' worth of rows (see
+// kMaxBlocksPerSm).
+template <typename Op> int64_t register_grid(int64_t sets, int family, int threads, const DeviceInfo& dev) {
+  const bool full = (family == SOFTMAX_FAMILY_WARP ? Op::kFullGridWarp : Op::kFullGridBlock) && threads <= kBlockTargetThreads;
   return full ? std::min<int64_t>(sets, kMaxGridThreads / threads) : walking_grid(sets, dev);
 }
 
@@ -286,7 +287,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.rows_per_group = 1;
     }
     const int64_t rows_per_block = p.threads / p.group * p.rows_per_group;
-    p.blocks = register_grid<Op>(ceil_div(rows, rows_per_block), p.threads, dev);
+    p.blocks = register_grid<Op>(ceil_div(rows, rows_per_block), p.family, p.threads, dev);
   } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMax} * max_packs) {
     p.family = SOFTMAX_FAMILY_BLOCK;
     const int lo = pack > 1 ? 2 : 8;  // the smallest per-thread load worth a block
@@ -302,7 +303,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     }
     if (!p.packs) p.packs = max_packs;
     p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kBlockMax));
-    p.blocks = register_grid<Op>(rows, p.threads, dev);
+    p.blocks = register_grid<Op>(rows, p.family, p.threads, dev);
   }
   if (p.family == SOFTMAX_FAMILY_WARP || p.family == SOFTMAX_FAMILY_BLOCK) {
     const bool stages = p.family == SOFTMAX_FAMILY_WARP ? warp_stages<Op>(p.packs, p.group) : Op::kStageBlock;

@@ -347,8 +347,14 @@ template <typename T, int kMask> struct ForwardOp {
   // with every block launched (H200, rows of 32-4096: float32 90-94% -> 96-99% of copy
   // bandwidth, 16-bit 85-92% -> 89-100%); masked rows, whose staged loops overlap each next
   // row's copy with a costlier row set-up, slower (16-bit rows of 1024 with a mask 97% -> 83%,
-  // float32 rows of 512 102% -> 90%).
-  static constexpr bool kFullGrid = !kMasked;
+  // float32 rows of 512 102% -> 90%). rows_warp and rows_block decide apart: a rows_block row
+  // with a boolean mask and no causal limit ran faster with every block launched (H200,
+  // [B,H,S,S] with a [B,1,1,S] padding mask: 16-bit S = 4096 89% -> 98%, S = 8192 91% -> 94%;
+  // float32 S = 4096 90% -> 97%), where under a causal limit, whose rows differ in length, the
+  // walking grid won by 10-14 points (S = 4096-8192). Its rows_warp (the wide lanes) lost in
+  // blocks of one step (dispatch.cuh, kWideMinGroup).
+  static constexpr bool kFullGridWarp = !kMasked;
+  static constexpr bool kFullGridBlock = !kMasked || kMask == kPadMask;
 
   const T* x;
   T* y;
@@ -680,9 +686,9 @@ template <typename T> struct BackwardOp {
   static constexpr int kBlockMaxThreads = 512;
   static constexpr int kBlockBoundThreads = kBlockMaxThreads;
   static constexpr int kStreamMinBlocks = 1;
-  // See ForwardOp::kFullGrid. float32 rows gained 4-5 points (rows of 32-2048: 97-99% ->
+  // See ForwardOp::kFullGridWarp. float32 rows gained 4-5 points (rows of 32-2048: 97-99% ->
   // 102-104%); 16-bit rows moved both ways (32: 83 -> 89, 128: 97 -> 93, 1024: 99 -> 92).
-  static constexpr bool kFullGrid = sizeof(T) == 4;
+  static constexpr bool kFullGridWarp = sizeof(T) == 4, kFullGridBlock = kFullGridWarp;
 
   const T* y;
   const T* dy;
@@ -777,7 +783,7 @@ template <typename V> struct BlockReduce {
 // its next rows are already in flight into its stage slots (stage_slots() per thread, dynamic
 // shared memory). A row's bytes in flight then no longer end where its arithmetic begins, and
 // the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy. (Where the
-// grid has a block for every set of rows, Op::kFullGrid, a block has no next rows: its copy only
+// grid has a block for every set of rows, Op::kFullGridWarp/Block, a block has no next rows: its copy only
 // goes through the stage, and the next rows are other blocks', in flight on the same SM.)
 
 // Slots per thread of a family that holds `rows` rows of `packs` packs of `pack` elements; 0: not

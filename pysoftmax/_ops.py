@@ -559,10 +559,10 @@ def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=No
 
 
 def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chunks=0, threads=0, blocks=0,
-         aligned=True, causal_queries=0):
+         aligned=True, causal_queries=0, mask=False):
     """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
-    causal_queries > 0 plans the forward of the boolean-mask kind (a causal limit over that many
-    queries, as fused(causal=True) passes).
+    causal_queries > 0 plans the forward under a causal limit over that many queries (as
+    fused(causal=True) passes); mask=True with a boolean mask (one row broadcast to every row).
 
     For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
     _need_cupy()
@@ -580,6 +580,9 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
                 "stream": _lib.FAMILY_STREAM}[family]
     p.chunks, p.threads, p.blocks = chunks, threads, blocks
     p.causal_queries = causal_queries
+    if mask:
+        p.mask, p.mask_dtype, p.mask_ndim, p.mask_col_stride = base, _lib.BOOL, 1, 1
+        p.mask_shape[0], p.mask_stride[0] = rows, 0
     buf = ctypes.create_string_buffer(512)
     _lib.check(_lib.lib().softmax_describe(ctypes.byref(p), 0 if direction == "forward" else 1, buf, len(buf)))
     out = {}

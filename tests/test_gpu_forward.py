@@ -174,9 +174,9 @@ def test_block_to_resident_stream(dtype):
 
 def test_register_grid():
     """rows_warp and rows_block launch a block for every set of rows where the op asks for it
-    (unmasked forward, float32 backward) in blocks of up to 256 threads; otherwise at most 32
-    blocks an SM walk the rows. A full grid stops short of 2^31 threads, and its blocks walk the
-    rows left."""
+    (unmasked forward, float32 backward, rows_block with a boolean mask and no causal limit) in
+    blocks of up to 256 threads; otherwise at most 32 blocks an SM walk the rows. A full grid
+    stops short of 2^31 threads, and its blocks walk the rows left."""
     cap = 32 * sms()
     rows = 1 << 20
     per_block = lambda p: p["threads"] // p["group"] * p["rows_per_group"]
@@ -190,6 +190,13 @@ def test_register_grid():
     assert block["family"] == "block" and block["threads"] <= 256 and block["blocks"] == rows, block
     wide = _ops.plan((rows, 16384), "float16")  # 512 threads a row
     assert wide["family"] == "block" and wide["threads"] == 512 and wide["blocks"] == cap, wide
+    for dt in ("float16", "float32"):
+        pad = _ops.plan((rows, 4096), dt, mask=True)
+        assert pad["family"] == "block" and pad["blocks"] == rows, pad
+        causal = _ops.plan((rows, 4096), dt, mask=True, causal_queries=4096)
+        assert causal["family"] == "block" and causal["blocks"] == cap, causal
+        short = _ops.plan((rows, 128), dt, mask=True)  # rows_warp with a mask walks its rows
+        assert short["family"] == "warp" and short["blocks"] == cap, short
     huge = _ops.plan((1 << 40, 32), "float32")
     assert huge["blocks"] == (2**31 - 1) // huge["threads"], huge
     # The rows left past such a grid are walked by its blocks (each staging its next rows while it
@@ -206,6 +213,14 @@ def test_register_grid():
         dx = _ops.backward_impl(to_device(y64, "float32"), to_device(dy64, "float32"),
                                 out=poisoned((rows, cols), "float32"), blocks=7)
         assert_grad_close(to_host64(dx), y64, dy64, 1.0, "float32", f"backward {fam} {cols} blocks=7 seed={g.seed}")
+    # rows_block with a padding mask (a full grid) walking its rows, with some rows fully masked.
+    for dt in ("float16", "float32"):
+        x64 = rounded(g.standard_normal((4, 175, 2048)) * 3, dt)
+        keep = g.random((4, 1, 2048)) > 0.3
+        keep[2] = False
+        fam = _ops.plan((700, 2048), dt, mask=True, blocks=7)["family"]
+        y = _ops.forward(to_device(x64, dt), scale=0.7, mask=cupy.asarray(keep), out=poisoned(x64.shape, dt), blocks=7)
+        assert_close(to_host64(y), ref_softmax(x64, 0.7, keep), dt, f"{fam} mask blocks=7 seed={g.seed}")
 
 
 def test_plan_crosses_thresholds():
