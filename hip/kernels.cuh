@@ -304,8 +304,11 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStageWarpMax = kBool ? kStagedPacks : kMasked ? 0 : INT_MAX;
   // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the copies' instructions
   // cost more than the latency they hide (H200, float16 rows of 16: 70% -> 86% of copy
-  // bandwidth). Groups of two still gain from it (bfloat16 rows of 32: 82% unstaged, 88% staged).
-  static constexpr int kStageWarpMinGroup = 2;
+  // bandwidth). Nor do 16-bit groups of two (rows of 32): staged, they took 80 registers (6
+  // blocks an SM), unstaged 60 (H200: 88% -> 94%; measured the other way, 82% unstaged against
+  // 88% staged, before the full grid and the loaders' split). float32 groups of 2-16 lanes
+  // (rows of 16-128) ran the same either way and stay staged.
+  static constexpr int kStageWarpMinGroup = sizeof(T) == 2 ? 4 : 2;
   // Boolean-masked 16-bit short rows take kStagedPacks packs a lane, staged, in narrower groups
   // than the tiny table's kTinyPacksVec unstaged (dispatch.cuh, kWideMinGroup): a lane's set-up
   // and pack tests are paid once for 32 values instead of 16 (H200, rows with a padding mask and
