@@ -926,11 +926,22 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   };
   // Resident: fn(span, slots, later) for each step of [begin, end), step s in the slots from
   // s * kSlots; `later` counts the steps after it.
-  auto each_resident_step = [&](int64_t begin, int64_t end, auto&& fn) {
-    int step = 0;
+  auto each_resident_step = [&](int64_t begin, int64_t end, auto&& fn, int from = 0) {
+    int step = from;
     const int steps = static_cast<int>((end - begin + stride - 1) / stride);
-    for (int64_t base = begin; base < end; base += stride, ++step)
+    for (int64_t base = begin + from * stride; base < end; base += stride, ++step)
       fn(span_at(base, end), stage.at(step * kSlots), steps - 1 - step);
+  };
+  // Resident: reads step `st`'s values into v, then refills its slots from row `refill` (when
+  // not null).
+  auto read_resident = [&](const typename Op::Row& w, const Span& span, const Stage& st, Item* v,
+                           const typename Op::Row* refill) {
+    op.template load<kPack, kUnroll>(w, span, true, v, &st);
+    if (refill) {
+      copy_async_reuse_fence();
+      op.template prefetch<kPack, kUnroll>(*refill, span, true, st);
+      copy_async_commit();
+    }
   };
   // One pass over the steps of [begin, end) of row w that start before `stop`: use(span, items)
   // per step, with the next step's copies in flight (when staged) while this step is reduced or
@@ -939,20 +950,16 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
   // are committed a group per step, so its `first` pass waits only for the step it reads while
   // the later steps still land (H200, rows of 32768: 16-bit backward 88-91% -> 95-97% of copy
   // bandwidth, float32 forward 93% -> 95%; rows of 65536-131072 +2 to +8 points).
+  // (`from`: resident steps before it were done already.)
   auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, int64_t stop, auto&& use,
-                  const typename Op::Row* refill = nullptr, bool first = false) {
+                  const typename Op::Row* refill = nullptr, bool first = false, int from = 0) {
     if (resident) {
       each_resident_step(begin, end, [&](const Span& span, const Stage& st, int later) {
         Item v[kStep];
         if (first) copy_async_wait_group(later);
-        op.template load<kPack, kUnroll>(w, span, true, v, &st);
-        if (refill) {
-          copy_async_reuse_fence();
-          op.template prefetch<kPack, kUnroll>(*refill, span, true, st);
-          copy_async_commit();
-        }
+        read_resident(w, span, st, v, refill);
         use(span, v);
-      });
+      }, from);
       return;
     }
     if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin, end), true, stage);
@@ -988,9 +995,24 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     // bytes of x the limit leaves unread).
     const int64_t stop = min(end, op.live_end(w));
     typename Op::Final fin;
+    typename Op::Row next;  // the block's next row, which refills the resident stage
+    // kEarly: in a cluster, the second pass's first step is read, and its slots refilled from
+    // the block's next row, before the statistics are reduced and merged. The next row's copies
+    // then land during the block's and the cluster's barriers, where no copy was in flight
+    // before (H200, float32 backward of rows of 32768 85% -> 88% of copy bandwidth, 65536 80% ->
+    // 84%, 131072 69% -> 76%; 16-bit clusters, whose first step is a quarter of their chunk, the
+    // same). The step's values are held across the barriers: only where the register cap leaves
+    // room (one block an SM, 124 registers; the forward's 64 spilled 800 bytes).
+    constexpr bool kEarly = kCluster && Op::kStreamMinBlocks == 1;
+    Item early[kEarly ? kStep : 1];
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
       pass(w, begin, end, stop, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, nullptr, true);
+      if constexpr (kEarly) {
+        const bool refills = b + gridDim.x < nblocks;  // kCluster is resident
+        if (refills) next = op.prefetch_row((b + gridDim.x) / chunks);
+        read_resident(w, span_at(begin, end), stage, early, refills ? &next : nullptr);
+      }
       st = block_all_reduce(st, op.merge(), scratch);
       if (phase == kStreamStats) {
         if (threadIdx.x == 0) ws[id] = st;
@@ -1013,13 +1035,17 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = op.merge()(st, ws[r * chunks + k]);
       fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
     }
-    typename Op::Row next;
-    const bool refills = resident && b + gridDim.x < nblocks;
-    if (refills) next = op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x);
-    pass(w, begin, end, stop, [&](const Span& span, Item* v) {
+    auto apply_store = [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       op.template store<kPack, kUnroll>(w, span, v);
-    }, refills ? &next : nullptr);
+    };
+    const bool refills = resident && b + gridDim.x < nblocks;
+    if constexpr (kEarly) {
+      apply_store(span_at(begin, end), early);
+    } else if (refills) {
+      next = op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x);
+    }
+    pass(w, begin, end, stop, apply_store, refills ? &next : nullptr, false, kEarly ? 1 : 0);
     for (int64_t base = begin; base < end; base += stride) {
       if (base < stop) continue;
       const Item zeros[kStep] = {};
