@@ -27,7 +27,8 @@
 //   cluster_rank() / cluster_sync() / cluster_peer(p, rank)   thread-block clusters (NVIDIA
 //               sm_90+): the block's rank in its cluster, a barrier of all the cluster's threads
 //               that orders the shared-memory writes before it with the reads after it, and the
-//               address of shared variable p in block `rank` of the cluster. Only kernels the
+//               address of shared variable p in block `rank` of the cluster (to read or to
+//               write). Only kernels the
 //               host launched in clusters call them (device code without them is never asked).
 //   cluster_launch_supported(kernel, dev) / launch_in_clusters(...) / max_active_clusters(...)
 //               host: whether device `dev` can launch `kernel` in clusters (the device sm_90+, and
@@ -209,15 +210,15 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-template <typename V> __device__ __forceinline__ const V* cluster_peer(const V* p, unsigned rank) {
+template <typename V> __device__ __forceinline__ V* cluster_peer(V* p, unsigned rank) {
   uint64_t a;
   asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(a) : "l"(p), "r"(rank));
-  return reinterpret_cast<const V*>(a);
+  return reinterpret_cast<V*>(a);
 }
 #else
 __device__ __forceinline__ unsigned cluster_rank() { return 0; }
 __device__ __forceinline__ void cluster_sync() {}
-template <typename V> __device__ __forceinline__ const V* cluster_peer(const V* p, unsigned) { return p; }
+template <typename V> __device__ __forceinline__ V* cluster_peer(V* p, unsigned) { return p; }
 #endif
 
 #if defined(SOFTMAX_PLATFORM_NVIDIA)

@@ -90,12 +90,9 @@ struct DeviceInfo {
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
-// Stat, the (max, sum) pair in float64, and rows_stream's two cluster exchange slots), left out of
-// a block's stage.
-constexpr int kStaticSharedBytes = (kMaxWarpsPerBlock + 2) * static_cast<int>(sizeof(MaxSum<double>));
-// Blocks of a cluster that splits a row too long for one block's stage: 8 is the most every
-// cluster-capable GPU launches without opting in.
-constexpr int kMaxCluster = 8;
+// Stat, the (max, sum) pair in float64, and rows_stream's cluster exchange: two rows' slots for
+// each block of a cluster), left out of a block's stage.
+constexpr int kStaticSharedBytes = (kMaxWarpsPerBlock + 2 * kMaxCluster) * static_cast<int>(sizeof(MaxSum<double>));
 
 // A kernel that stands for all in the question whether the loaded binary can run clusters: every
 // kernel is built for the same architectures. (A template, so that each file may hold one.)
