@@ -985,6 +985,8 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       copy_async_commit();
     });
   }
+  // kCluster: a block writes into its peers' shared memory only once they have all started.
+  if constexpr (kCluster) cluster_sync();
   int parity = 0;  // kCluster: which of the two exchange slots this row uses
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
