@@ -28,8 +28,8 @@
 //               sm_90+): the block's rank in its cluster, a barrier of all the cluster's threads
 //               that orders the shared-memory writes before it with the reads after it, and the
 //               address of shared variable p in block `rank` of the cluster (to read or to
-//               write). Only kernels the
-//               host launched in clusters call them (device code without them is never asked).
+//               write). Only kernels the host launched in clusters call them (device code without
+//               them is never asked).
 //   cluster_launch_supported(kernel, dev) / launch_in_clusters(...) / max_active_clusters(...)
 //               host: whether device `dev` can launch `kernel` in clusters (the device sm_90+, and
 //               the kernel compiled for compute_90 or later: its ptxVersion is that of its device

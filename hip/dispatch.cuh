@@ -66,9 +66,9 @@ constexpr int kRegistersPerSm = 64 << 10;
 // stream, the reference, and the register families where more blocks measured slower. rows_warp
 // and rows_block launch a block for every set of rows where the op asks for it
 // (Op::kFullGridWarp, Op::kFullGridBlock), in blocks of at most kBlockTargetThreads threads, up
-// to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension). Blocks of 512 threads, a row each, lost with the full grid:
-// H200, 16-bit rows of 16384 95% -> 87% of copy bandwidth, float32 backward of rows of 8192
-// 100% -> 93%.
+// to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension). Blocks of 512
+// threads, a row each, lost with the full grid: H200, 16-bit rows of 16384 95% -> 87% of copy
+// bandwidth, float32 backward of rows of 8192 100% -> 93%.
 constexpr int kMaxBlocksPerSm = 32;
 constexpr int64_t kMaxGridThreads = INT32_MAX;
 // Every block size, chosen or requested, is a multiple of the widest warp (wave64), so that it is

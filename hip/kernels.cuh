@@ -789,8 +789,9 @@ template <typename V> struct BlockReduce {
 // its next rows are already in flight into its stage slots (stage_slots() per thread, dynamic
 // shared memory). A row's bytes in flight then no longer end where its arithmetic begins, and
 // the registers hold one row, not two. Staging needs 16-byte packs and kAsyncCopy. (Where the
-// grid has a block for every set of rows, Op::kFullGridWarp/Block, a block has no next rows: its copy only
-// goes through the stage, and the next rows are other blocks', in flight on the same SM.)
+// grid has a block for every set of rows, Op::kFullGridWarp/kFullGridBlock, a block has no next
+// rows: its copy only goes through the stage, and the next rows are other blocks', in flight on
+// the same SM.)
 
 // Slots per thread of a family that holds `rows` rows of `packs` packs of `pack` elements; 0: not
 // staged (`stages` is the op's choice for that family). The kernels size their stage with it and
@@ -935,8 +936,8 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     for (int64_t base = begin + from * stride; base < end; base += stride, ++step)
       fn(span_at(base, end), stage.at(step * kSlots), steps - 1 - step);
   };
-  // Resident: reads step `st`'s values into v, then refills its slots from row `refill` (when
-  // not null).
+  // Resident: reads the step in slots `st` into v, then refills those slots from row `refill`
+  // (when not null).
   auto read_resident = [&](const typename Op::Row& w, const Span& span, const Stage& st, Item* v,
                            const typename Op::Row* refill) {
     op.template load<kPack, kUnroll>(w, span, true, v, &st);
