@@ -132,7 +132,7 @@ def resident_blocks(cols, step_bytes, stride):
         return 0  # no asynchronous copy: nothing is staged
     dev = cupy.cuda.Device()
     cc = int(dev.compute_capability)
-    budget = dev.attributes["MaxSharedMemoryPerBlockOptin"] - 34 * 16  # less kStaticSharedBytes
+    budget = dev.attributes["MaxSharedMemoryPerBlockOptin"] - (32 + 2 * 8) * 16  # less kStaticSharedBytes
     steps = -(-cols // stride)
     if cc < 80:
         return 0
