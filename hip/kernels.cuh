@@ -134,7 +134,8 @@ template <bool kCut, bool kFull = false> struct Reach {
 // [B,16,S,S] 16-bit rows 52-61% -> 70-74% of copy bandwidth, float32 83-88% -> 90-93%; float32
 // rows with a padding mask and causal limit, 512-8192 columns, 96-104% -> 108-118%; backward of
 // 32 16-bit columns 93% -> 99%, of 32768 float32 82% -> 86%.
-// kCut (the masked forward ops, whose bound may be a causal limit before the span's end): rows
+// kCut (the forward ops with a causal limit, kBoolMask and kAddMask, whose bound may lie before
+// the span's end): rows
 // differ, and the warp decides as one (every caller runs its loaders with the whole warp), or the
 // lanes of a warp holding several rows would run both paths. kSplitCut: whether a cut loader
 // takes the split at all; where it does not, the tests stay (16-bit rows with a boolean mask: the
@@ -199,9 +200,10 @@ __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         const int o = s.off<kPack>(j);
-        // Masked 16-bit rows copy under the instruction's own predicate: every address is
-        // computed once, where a branch per copy made the compiler recompute each from the row's
-        // start (H200: 16-bit masked rows_block +3-5 points). float32 rows_block at its
+        // Cut 16-bit rows (a causal limit) copy under the instruction's own predicate: every
+        // address is computed once, where a branch per copy made the compiler recompute each from
+        // the row's start (H200: 16-bit masked rows_block +3-5 points, measured before the
+        // padding-only kind, which is not cut, had kernels of its own). float32 rows_block at its
         // 64-register cap spilled more with every address live at once and lost 13 points, and
         // the 16-bit resident stream lost 6-10, so they branch.
         if constexpr (sizeof(T) == 2 && kCut) {
@@ -1008,7 +1010,8 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     // before (H200, float32 backward of rows of 32768 85% -> 88% of copy bandwidth, 65536 80% ->
     // 84%, 131072 69% -> 76%; 16-bit clusters, whose first step is a quarter of their chunk, the
     // same). The step's values are held across the barriers: only where the register cap leaves
-    // room (one block an SM, 124 registers; the forward's 64 spilled 800 bytes).
+    // room (one block an SM: float32 124 registers, 16-bit and float64 at the cap of 128, none
+    // spilled; the forward's 64 spilled 800 bytes).
     constexpr bool kEarly = kCluster && Op::kStreamMinBlocks == 1;
     Item early[kEarly ? kStep : 1];
     if (phase != kStreamApply) {
@@ -1062,7 +1065,10 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       op.template store<kPack, kUnroll>(w, span_at(base, end), zeros);
     }
   }
-  if constexpr (kCluster) cluster_sync();  // no block leaves while a peer may still write to it
+  // Kept from the exchange that read the peers' memory after the barrier (no block left while a
+  // peer could still read it). Every write into a peer now precedes a barrier all blocks pass, so
+  // this one is redundant; it costs one barrier a launch and goes with the next GPU-verified change.
+  if constexpr (kCluster) cluster_sync();
 }
 
 // ---------------------------------------------------------------------------------------------
