@@ -135,9 +135,8 @@ template <bool kCut, bool kFull = false> struct Reach {
 // rows with a padding mask and causal limit, 512-8192 columns, 96-104% -> 108-118%; backward of
 // 32 16-bit columns 93% -> 99%, of 32768 float32 82% -> 86%.
 // kCut (the forward ops with a causal limit, kBoolMask and kAddMask, whose bound may lie before
-// the span's end): rows
-// differ, and the warp decides as one (every caller runs its loaders with the whole warp), or the
-// lanes of a warp holding several rows would run both paths. kSplitCut: whether a cut loader
+// the span's end): rows differ, and the warp decides as one (every caller runs its loaders with
+// the whole warp), or the lanes of a warp holding several rows would run both paths. kSplitCut: whether a cut loader
 // takes the split at all; where it does not, the tests stay (16-bit rows with a boolean mask: the
 // split cost rows of 32 with a causal limit 83% -> 77%, [64,16,128,128] causal 73% -> 66%).
 // The bound never lies past the span's end (callers pass min(limit, end)): n() == kPack relies
@@ -307,9 +306,9 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStaged = 1;
   static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
   static constexpr int kStageWarpMax = kBool ? kStagedPacks : kMasked ? 0 : INT_MAX;
-  // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the copies' instructions
-  // cost more than the latency they hide (H200, float16 rows of 16: 70% -> 86% of copy
-  // bandwidth). Nor do 16-bit groups of two (rows of 32): staged, they took 80 registers (6
+  // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the
+  // copies' instructions cost more than the latency they hide (H200, float16 rows of 16: 70% ->
+  // 86% of copy bandwidth). Nor do 16-bit groups of two (rows of 32): staged, they took 80 registers (6
   // blocks an SM), unstaged 60 (H200: 88% -> 94%; measured the other way, 82% unstaged against
   // 88% staged, before the full grid and the loaders' split). float32 groups of 2-16 lanes
   // (rows of 16-128) ran the same either way and stay staged.
@@ -323,7 +322,7 @@ template <typename T, int kMask> struct ForwardOp {
   // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
   static constexpr bool kWideShortRows = kBool && sizeof(T) == 2;
   // Whether the masked loaders drop their per-pack tests on spans that rows fill (with_reach):
-  // not 16-bit rows with a boolean mask, which lost where a causal limit cuts them (H200).
+  // not 16-bit rows under a causal limit with a boolean mask (kBoolMask), which lost (H200).
   static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
@@ -1003,7 +1002,9 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     // bytes of x the limit leaves unread).
     const int64_t stop = min(end, op.live_end(w));
     typename Op::Final fin;
-    typename Op::Row next;  // the block's next row, which refills the resident stage
+    // The block's next row (its chunk's, in a cluster), which refills the resident stage.
+    typename Op::Row next;
+    auto next_row = [&] { return op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x); };
     // kEarly: in a cluster, the second pass's first step is read, and its slots refilled from
     // the block's next row, before the statistics are reduced and merged. The next row's copies
     // then land during the block's and the cluster's barriers, where no copy was in flight
@@ -1019,7 +1020,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
       pass(w, begin, end, stop, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, nullptr, true);
       if constexpr (kEarly) {
         const bool refills = b + gridDim.x < nblocks;  // kCluster is resident
-        if (refills) next = op.prefetch_row((b + gridDim.x) / chunks);
+        if (refills) next = next_row();
         read_resident(w, span_at(begin, end), stage, early, refills ? &next : nullptr);
       }
       st = block_all_reduce(st, op.merge(), scratch);
@@ -1056,7 +1057,7 @@ __global__ void __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) rows_str
     if constexpr (kEarly) {
       apply_store(span_at(begin, end), early);
     } else if (refills) {
-      next = op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x);
+      next = next_row();
     }
     pass(w, begin, end, stop, apply_store, refills ? &next : nullptr, false, kEarly ? 1 : 0);
     for (int64_t base = begin; base < end; base += stride) {
