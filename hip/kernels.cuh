@@ -136,11 +136,11 @@ template <bool kCut, bool kFull = false> struct Reach {
 // 32 16-bit columns 93% -> 99%, of 32768 float32 82% -> 86%.
 // kCut (the forward ops with a causal limit, kBoolMask and kAddMask, whose bound may lie before
 // the span's end): rows differ, and the warp decides as one (every caller runs its loaders with
-// the whole warp), or the lanes of a warp holding several rows would run both paths. kSplitCut: whether a cut loader
-// takes the split at all; where it does not, the tests stay (16-bit rows with a boolean mask: the
-// split cost rows of 32 with a causal limit 83% -> 77%, [64,16,128,128] causal 73% -> 66%).
-// The bound never lies past the span's end (callers pass min(limit, end)): n() == kPack relies
-// on it.
+// the whole warp), or the lanes of a warp holding several rows would run both paths.
+// kSplitCut: whether a cut loader takes the split at all; where it does not, the tests stay
+// (16-bit rows with a boolean mask: the split cost rows of 32 with a causal limit 83% -> 77%,
+// [64,16,128,128] causal 73% -> 66%). The bound never lies past the span's end (callers pass
+// min(limit, end)): n() == kPack relies on it.
 template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, typename Fn>
 __device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool live, Fn&& fn) {
   const Reach<kCut> reach(s, bound, live);
