@@ -52,7 +52,8 @@ step("fused strided mask", lambda: pysoftmax.fused(s, mask=arr((40, 80), "float1
 # Enough rows that every staged register family walks a second row per block or warp: the copy
 # of the next rows into shared memory overlaps the current ones (rows > the grid's blocks, 4224
 # on an H200, times the rows a block holds). Grids with a block for every set of rows (unmasked
-# forward, float32 backward) walk under a grid cap of 4 blocks an SM as well.
+# forward, float32 backward, a padding mask's rows_block) walk under a grid cap of 4 blocks an SM
+# as well.
 walk = 4 * cupy.cuda.Device().attributes["MultiProcessorCount"]
 for dtype in ("float32", "float16"):
     for rows, cols, what in ((300000, 40, "rows_warp tiny"), (17000, 304, "rows_warp medium"),
@@ -66,7 +67,12 @@ for dtype in ("float32", "float16"):
         step(f"many rows backward {what} {dtype}, {walk} blocks", lambda: _ops.backward_impl(y, x, blocks=walk))
         step(f"many rows masked {what} {dtype}",
              lambda: pysoftmax.fused(x.reshape(rows // 100 if rows % 100 == 0 else rows, -1, cols), causal=True))
-        del x, y
+        # A padding mask without a causal limit: kernels of their own (kPadMask).
+        xh = x.reshape(rows // 100, 100, cols)
+        pad = cupy.asarray(rng.random((rows // 100, 1, cols)) > 0.3)
+        step(f"many rows padding mask {what} {dtype}", lambda: pysoftmax.fused(xh, mask=pad))
+        step(f"many rows padding mask {what} {dtype}, {walk} blocks", lambda: _ops.forward(xh, mask=pad, blocks=walk))
+        del x, y, xh, pad
     # Boolean-masked 16-bit short rows in 4 packs a lane (groups of 16 lanes for rows of 304),
     # staged, which dispatch takes only where every walking block takes two steps or more.
     if dtype == "float16":
