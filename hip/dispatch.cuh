@@ -23,15 +23,16 @@ int fail(int code, const char* fmt, ...);
 // kernels.cuh) and several rows per group, the group as narrow as the row allows. Rows in flight
 // per lane multiply the bytes each lane has outstanding, which is what a row of a few dozen
 // elements lacks; narrow groups keep every lane busy on short rows.
-// Rows per group in the tiny table: as many as keep a lane's values (rows x items x inputs) within
-// kRowRegisters, so that short rows still put several loads in flight per lane (at most 4).
-template <typename Op, int kPack> constexpr int tiny_rows_for() {
+// Rows per group of `group` lanes in the tiny table: as many as keep a lane's values (rows x
+// items x inputs) within kRowRegisters, at most 2, so that short rows still put several loads in
+// flight per lane; one in vector groups up to Op::kTinyOneRowMaxGroup lanes wide.
+template <typename Op, int kPack> constexpr int tiny_rows_for(int group) {
   constexpr int items = kPack * (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) * Op::kInputs;
   constexpr int rows = kRowRegisters / items;
-  return rows < 1 ? 1 : rows > 2 ? 2 : rows;
+  return rows < 1 || (kPack > 1 && group <= Op::kTinyOneRowMaxGroup) ? 1 : rows > 2 ? 2 : rows;
 }
-template <typename Op> constexpr int tiny_rows_for_pack(int pack) {
-  return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>() : tiny_rows_for<Op, 1>();
+template <typename Op> constexpr int tiny_rows_for_pack(int pack, int group) {
+  return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>(group) : tiny_rows_for<Op, 1>(group);
 }
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
@@ -256,7 +257,6 @@ template <typename Op>
 bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, int threads, const DeviceInfo& dev,
                Plan* out) {
   using T = typename Op::Storage;
-  const int tiny_rows = tiny_rows_for_pack<Op>(pack);
   constexpr int kBlockMax = Op::kBlockMaxThreads;
   Plan p;
   p.pack = pack;
@@ -270,7 +270,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     if (packs <= static_cast<int64_t>(kMaxGroup) * tiny) {
       p.packs = tiny;
       p.group = next_pow2(ceil_div(packs, tiny));
-      p.rows_per_group = tiny_rows;
+      p.rows_per_group = tiny_rows_for_pack<Op>(pack, p.group);
       const int wide = next_pow2(ceil_div(packs, kStagedPacks));
       const int64_t sets = ceil_div(rows, p.threads / wide);
       if (wide_lanes<Op>(pack) && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
@@ -409,14 +409,16 @@ template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
   return wide_lanes<Op>(kPack) && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
 }
 
-// rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup.
-template <typename Op, int kPack, int kPacks, int kRows, int G = narrowest_group<Op, kPack>(kPacks)>
+// rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup; the tiny
+// table's groups hold tiny_rows_for rows, the others one.
+template <typename Op, int kPack, int kPacks, int G = narrowest_group<Op, kPack>(kPacks)>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   if constexpr (G > kMaxGroup) {
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes for %d packs a lane", p.group, kPacks);
   } else {
+    constexpr int kRows = kPacks == (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) ? tiny_rows_for<Op, kPack>(G) : 1;
     if (p.group == G) return launch(rows_warp<Op, kPack, kPacks, G, kRows>, "rows_warp", p, s, op, rows);
-    return launch_warp_group<Op, kPack, kPacks, kRows, G * 2>(op, rows, p, s);
+    return launch_warp_group<Op, kPack, kPacks, G * 2>(op, rows, p, s);
   }
 }
 
@@ -439,9 +441,8 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
   constexpr int kTiny = kPack > 1 ? kTinyPacksVec : kTinyPacksScalar;
   switch (p.family) {
     case SOFTMAX_FAMILY_WARP:
-      if (p.packs == kTiny) return launch_warp_group<Op, kPack, kTiny, tiny_rows_for<Op, kPack>()>(op, rows, p, s);
-      return by_packs<Op, kPack, 2 * kTiny, kMaxPacks>(p.packs, [&](auto k) {
-        return launch_warp_group<Op, kPack, decltype(k)::value, 1>(op, rows, p, s);
+      return by_packs<Op, kPack, kTiny, kMaxPacks>(p.packs, [&](auto k) {
+        return launch_warp_group<Op, kPack, decltype(k)::value>(op, rows, p, s);
       });
     case SOFTMAX_FAMILY_BLOCK:
       return by_packs<Op, kPack, (kPack > 1 ? 2 : 8), kMaxPacks>(p.packs, [&](auto k) {

@@ -313,6 +313,13 @@ template <typename T, int kMask> struct ForwardOp {
   // 88% staged, before the full grid and the loaders' split). float32 groups of 2-16 lanes
   // (rows of 16-128) ran the same either way and stay staged.
   static constexpr int kStageWarpMinGroup = sizeof(T) == 2 ? 4 : 2;
+  // The widest tiny-table group (dispatch.cuh, tiny_rows_for) that holds one row where two fit
+  // kRowRegisters: unmasked float32 groups of any width and 16-bit ones narrower than a warp. One
+  // row took 44 registers instead of 59 (float32), so more warps are resident (H200, float32 rows
+  // of 32-256: 97-98% -> 100-101% of copy bandwidth, where torch.softmax runs 99-100% at 128-256;
+  // 16-bit rows of 16-32: 91-97% -> 98-100%). 16-bit full groups (rows of 512: 98 -> 94), float64
+  // (rows of 16-128: 95-98 -> 91-93) and masked float32 (3-5 points) lost, and keep two.
+  static constexpr int kTinyOneRowMaxGroup = kMasked || sizeof(T) == 8 ? 0 : sizeof(T) == 4 ? kMaxGroup : kMaxGroup / 2;
   // Boolean-masked 16-bit short rows take kStagedPacks packs a lane, staged, in narrower groups
   // than the tiny table's kTinyPacksVec unstaged (dispatch.cuh, kWideMinGroup): a lane's set-up
   // and pack tests are paid once for 32 values instead of 16 (H200, rows with a padding mask and
@@ -685,6 +692,7 @@ template <typename T> struct BackwardOp {
   // Groups of one or two lanes (16-bit rows of 32 or fewer, float32 of 16) do not stage (H200,
   // 16-bit rows of 32: 82% -> 93% of copy bandwidth; of 16: 60% -> 87%).
   static constexpr int kStageWarpMinGroup = 4;
+  static constexpr int kTinyOneRowMaxGroup = 0;  // see ForwardOp (rows of 16-128, float32: 1-2 points)
   static constexpr bool kStageBlock = true, kStageStream = true;
   static constexpr bool kWideShortRows = false;
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
