@@ -223,6 +223,23 @@ def test_register_grid():
         assert_close(to_host64(y), ref_softmax(x64, 0.7, keep), dt, f"{fam} mask blocks=7 seed={g.seed}")
 
 
+def test_tiny_rows_per_group():
+    """The tiny table's groups hold one row where Op::kTinyOneRowMaxGroup asks for it (unmasked
+    float32 of any group width, unmasked 16-bit narrower than a warp), else the two that fit
+    kRowRegisters; both sides run against float64, the last group of two rows half full."""
+    plan = lambda cols, dt, **kw: _ops.plan((4096, cols), dt, **kw)
+    cases = {("float32", 32): 1, ("float32", 256): 1, ("float16", 32): 1, ("bfloat16", 256): 1,
+             ("float16", 512): 2, ("float64", 64): 2}
+    for (dt, cols), want in cases.items():
+        p = plan(cols, dt)
+        assert p["family"] == "warp" and p["packs"] == 2 and p["rows_per_group"] == want, (dt, cols, p)
+    assert plan(128, "float32", mask=True)["rows_per_group"] == 2
+    assert plan(128, "float32", direction="backward")["rows_per_group"] == 2
+    g = rng()
+    for dt, cols in cases:
+        check_forward("fused", 4095, cols, dt, g)
+
+
 def test_plan_crosses_thresholds():
     """The dispatcher's families change where hip/dispatch.cuh says they do."""
     fam = lambda cols, dt="float32", **kw: _ops.plan((64, cols), dt, **kw)["family"]
