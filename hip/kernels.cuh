@@ -318,7 +318,7 @@ template <typename T, int kMask> struct ForwardOp {
   // row took 44 registers instead of 59 (float32), so more warps are resident (H200, float32 rows
   // of 32-256: 97-98% -> 100-101% of copy bandwidth, where torch.softmax runs 99-100% at 128-256;
   // 16-bit rows of 16-32: 91-97% -> 98-100%). 16-bit full groups (rows of 512: 98 -> 94), float64
-  // (rows of 16-128: 95-98 -> 91-93) and masked float32 (3-5 points) lost, and keep two.
+  // (rows of 16-128: 95-98 -> 91-93) and masked float32 (rows of 8-128: -2-5%) keep two.
   static constexpr int kTinyOneRowMaxGroup = kMasked || sizeof(T) == 8 ? 0 : sizeof(T) == 4 ? kMaxGroup : kMaxGroup / 2;
   // Boolean-masked 16-bit short rows take kStagedPacks packs a lane, staged, in narrower groups
   // than the tiny table's kTinyPacksVec unstaged (dispatch.cuh, kWideMinGroup): a lane's set-up
@@ -692,7 +692,7 @@ template <typename T> struct BackwardOp {
   // Groups of one or two lanes (16-bit rows of 32 or fewer, float32 of 16) do not stage (H200,
   // 16-bit rows of 32: 82% -> 93% of copy bandwidth; of 16: 60% -> 87%).
   static constexpr int kStageWarpMinGroup = 4;
-  static constexpr int kTinyOneRowMaxGroup = 0;  // see ForwardOp (rows of 16-128, float32: 1-2 points)
+  static constexpr int kTinyOneRowMaxGroup = 0;  // see ForwardOp (float32 rows of 16-128: under 1%)
   static constexpr bool kStageBlock = true, kStageStream = true;
   static constexpr bool kWideShortRows = false;
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
