@@ -225,7 +225,7 @@ def test_register_grid():
 
 def test_tiny_rows_per_group():
     """The tiny table's groups hold one row where Op::kTinyOneRowMaxGroup asks for it (unmasked
-    float32 of any group width, unmasked 16-bit narrower than a warp), else the two that fit
+    float32 of any group width, unmasked 16-bit below kMaxGroup lanes), else the two that fit
     kRowRegisters; both sides run against float64, the last group of two rows half full."""
     plan = lambda cols, dt, **kw: _ops.plan((4096, cols), dt, **kw)
     cases = {("float32", 32): 1, ("float32", 256): 1, ("float16", 32): 1, ("bfloat16", 256): 1,
