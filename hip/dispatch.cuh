@@ -23,16 +23,19 @@ int fail(int code, const char* fmt, ...);
 // kernels.cuh) and several rows per group, the group as narrow as the row allows. Rows in flight
 // per lane multiply the bytes each lane has outstanding, which is what a row of a few dozen
 // elements lacks; narrow groups keep every lane busy on short rows.
-// Rows per group of `group` lanes in the tiny table: as many as keep a lane's values (rows x
-// items x inputs) within kRowRegisters, at most 2, so that short rows still put several loads in
-// flight per lane; one in vector groups up to Op::kTinyOneRowMaxGroup lanes wide.
-template <typename Op, int kPack> constexpr int tiny_rows_for(int group) {
-  constexpr int items = kPack * (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) * Op::kInputs;
-  constexpr int rows = kRowRegisters / items;
+constexpr int tiny_packs(int pack) { return pack > 1 ? kTinyPacksVec : kTinyPacksScalar; }
+// Rows per group of `group` lanes holding `packs` packs a lane. The tiny table's: as many as keep
+// a lane's values (rows x items x inputs) within kRowRegisters, at most 2, so that short rows
+// still put several loads in flight per lane; one in vector groups up to Op::kTinyOneRowMaxGroup
+// lanes wide. Wider tables and the wide lanes hold one. The planner, the launcher (rows_warp's
+// kRows) and tests/native/plan_check.cu all read it here.
+template <typename Op, int kPack> constexpr int warp_rows(int packs, int group) {
+  constexpr int rows = kRowRegisters / (kPack * tiny_packs(kPack) * Op::kInputs);
+  if (packs != tiny_packs(kPack)) return 1;
   return rows < 1 || (kPack > 1 && group <= Op::kTinyOneRowMaxGroup) ? 1 : rows > 2 ? 2 : rows;
 }
-template <typename Op> constexpr int tiny_rows_for_pack(int pack, int group) {
-  return pack > 1 ? tiny_rows_for<Op, vec_pack<typename Op::Storage>()>(group) : tiny_rows_for<Op, 1>(group);
+template <typename Op> constexpr int warp_rows_for_pack(int pack, int packs, int group) {
+  return pack > 1 ? warp_rows<Op, vec_pack<typename Op::Storage>()>(packs, group) : warp_rows<Op, 1>(packs, group);
 }
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
@@ -262,7 +265,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   p.pack = pack;
   const int64_t packs = ceil_div(cols, pack);
   const int max_packs = (pack > 1 ? max_items<T>() : max_scalar_items<T>()) / pack;  // per thread
-  const int tiny = pack > 1 ? kTinyPacksVec : kTinyPacksScalar;
+  const int tiny = tiny_packs(pack);
   const bool auto_family = family == SOFTMAX_FAMILY_AUTO;
   if ((auto_family || family == SOFTMAX_FAMILY_WARP) && packs <= static_cast<int64_t>(kMaxGroup) * max_packs) {
     p.family = SOFTMAX_FAMILY_WARP;
@@ -270,19 +273,17 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     if (packs <= static_cast<int64_t>(kMaxGroup) * tiny) {
       p.packs = tiny;
       p.group = next_pow2(ceil_div(packs, tiny));
-      p.rows_per_group = tiny_rows_for_pack<Op>(pack, p.group);
       const int wide = next_pow2(ceil_div(packs, kStagedPacks));
       const int64_t sets = ceil_div(rows, p.threads / wide);
       if (wide_lanes<Op>(pack) && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
         p.packs = kStagedPacks;
         p.group = wide;
-        p.rows_per_group = 1;
       }
     } else {
       p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
       p.group = kMaxGroup;
-      p.rows_per_group = 1;
     }
+    p.rows_per_group = warp_rows_for_pack<Op>(pack, p.packs, p.group);
     const int64_t rows_per_block = p.threads / p.group * p.rows_per_group;
     p.blocks = register_grid<Op>(ceil_div(rows, rows_per_block), p.family, p.threads, dev);
   } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMax} * max_packs) {
@@ -405,18 +406,18 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
 // The narrowest group rows_warp is compiled for at `packs` packs of kPack a lane: any width for
 // the tiny table, kWideMinGroup for an op's wide short rows, else (the medium table) full groups.
 template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
-  if (packs <= (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar)) return 1;
+  if (packs <= tiny_packs(kPack)) return 1;
   return wide_lanes<Op>(kPack) && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
 }
 
-// rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup; the tiny
-// table's groups hold tiny_rows_for rows, the others one.
+// rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup, with
+// warp_rows rows a group.
 template <typename Op, int kPack, int kPacks, int G = narrowest_group<Op, kPack>(kPacks)>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   if constexpr (G > kMaxGroup) {
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes for %d packs a lane", p.group, kPacks);
   } else {
-    constexpr int kRows = kPacks == (kPack > 1 ? kTinyPacksVec : kTinyPacksScalar) ? tiny_rows_for<Op, kPack>(G) : 1;
+    constexpr int kRows = warp_rows<Op, kPack>(kPacks, G);
     if (p.group == G) return launch(rows_warp<Op, kPack, kPacks, G, kRows>, "rows_warp", p, s, op, rows);
     return launch_warp_group<Op, kPack, kPacks, G * 2>(op, rows, p, s);
   }
@@ -438,10 +439,9 @@ template <typename Op, int kPack>
 int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, typename Op::Stat* ws) {
   using T = typename Op::Storage;
   constexpr int kMaxPacks = (kPack > 1 ? max_items<T>() : max_scalar_items<T>()) / kPack;
-  constexpr int kTiny = kPack > 1 ? kTinyPacksVec : kTinyPacksScalar;
   switch (p.family) {
     case SOFTMAX_FAMILY_WARP:
-      return by_packs<Op, kPack, kTiny, kMaxPacks>(p.packs, [&](auto k) {
+      return by_packs<Op, kPack, tiny_packs(kPack), kMaxPacks>(p.packs, [&](auto k) {
         return launch_warp_group<Op, kPack, decltype(k)::value>(op, rows, p, s);
       });
     case SOFTMAX_FAMILY_BLOCK:

@@ -313,7 +313,7 @@ template <typename T, int kMask> struct ForwardOp {
   // 88% staged, before the full grid and the loaders' split). float32 groups of 2-16 lanes
   // (rows of 16-128) ran the same either way and stay staged.
   static constexpr int kStageWarpMinGroup = sizeof(T) == 2 ? 4 : 2;
-  // The widest tiny-table group (dispatch.cuh, tiny_rows_for) that holds one row where two fit
+  // The widest tiny-table group (dispatch.cuh, warp_rows) that holds one row where two fit
   // kRowRegisters: unmasked float32 groups of any width and 16-bit ones below kMaxGroup lanes. One
   // row took 44 registers instead of 59 (float32), so more warps are resident (H200, float32 rows
   // of 32-256: 97-98% -> 100-101% of copy bandwidth, where torch.softmax runs 99-100% at 128-256;

@@ -63,9 +63,9 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               const int narrowest = pack > 1 ? narrowest_group<Op, vec_pack<T>()>(p.packs) : narrowest_group<Op, 1>(p.packs);
               if (p.group < narrowest || (p.group & (p.group - 1)))
                 report(op, "rows_warp outside its compiled group widths", family, pack, threads, cols, p);
-              // launch_warp_group's kRows: the tiny table's rows per group, one row elsewhere
-              const int rows = p.packs == (pack > 1 ? kTinyPacksVec : kTinyPacksScalar) ? tiny_rows_for_pack<Op>(pack, p.group) : 1;
-              if (p.rows_per_group != rows) report(op, "rows_warp rows per group differ from the kernel's", family, pack, threads, cols, p);
+              // launch_warp_group's kRows
+              if (p.rows_per_group != warp_rows_for_pack<Op>(pack, p.packs, p.group))
+                report(op, "rows_warp rows per group differ from the kernel's", family, pack, threads, cols, p);
               const int64_t stage = pack > 1 && kAsyncCopy && warp_stages<Op>(p.packs, p.group)
                                         ? int64_t{p.threads} * p.rows_per_group * p.packs * Op::kStaged * kPackBytes : 0;
               if (stage != p.stage) report(op, "rows_warp stage differs from the kernel's slots", family, pack, threads, cols, p);
