@@ -105,7 +105,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
   if (plan.family == kNaiveFamily) {
-    if constexpr (kMask == kBoolMask || kMask == kPadMask) {
+    if constexpr (Op::kBool) {  // the boolean kinds always carry a mask or a causal limit
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
       if (op.mask || op.causal_queries.d)

@@ -123,6 +123,12 @@ def assert_grad_close(got, y, dy, scale, dtype, what=""):
     return err
 
 
+# hip/kernels.cuh's kMaxCluster, and dispatch.cuh's kStaticSharedBytes: the static shared memory
+# of a block, (kMaxWarpsPerBlock + 2 * kMaxCluster) float64 (max, sum) pairs, left out of its stage.
+MAX_CLUSTER = 8
+STATIC_SHARED_BYTES = (32 + 2 * MAX_CLUSTER) * 16
+
+
 def resident_blocks(cols, step_bytes, stride):
     """How hip/dispatch.cuh's plan_stream keeps rows of `cols` on chip on this GPU, for rows_stream
     steps of `stride` columns and `step_bytes` of stage a block (512 threads): 1 where one block's
@@ -132,13 +138,13 @@ def resident_blocks(cols, step_bytes, stride):
         return 0  # no asynchronous copy: nothing is staged
     dev = cupy.cuda.Device()
     cc = int(dev.compute_capability)
-    budget = dev.attributes["MaxSharedMemoryPerBlockOptin"] - (32 + 2 * 8) * 16  # less kStaticSharedBytes
+    budget = dev.attributes["MaxSharedMemoryPerBlockOptin"] - STATIC_SHARED_BYTES
     steps = -(-cols // stride)
     if cc < 80:
         return 0
     if steps * step_bytes <= budget:
         return 1
-    for k in range(2, 9 if cc >= 90 else 2):
+    for k in range(2, MAX_CLUSTER + 1 if cc >= 90 else 2):
         chunk_steps = -(-steps // k)
         if chunk_steps * step_bytes <= budget:
             return -(-cols // (chunk_steps * stride))
