@@ -112,17 +112,21 @@ template <int kPack> __device__ __forceinline__ int inside(int o, int lim) {
 // as 32-bit counts from the span's base. kCut: the bound may lie below the span's end, and a
 // pack that the bound cuts is still read whole where it lies inside the span (a causal limit
 // cuts one pack of every row: element-wise, its loads and mask reads cost more than the rest of
-// a short row's; whoever reads it pads the columns from the bound on).
-template <bool kCut, bool kFull = false> struct Reach {
+// a short row's; whoever reads it pads the columns from the bound on). kWhole: the bound falls on
+// a pack boundary and is the span's end (not kCut), so a pack is wholly below it or wholly
+// outside: one test a pack, none an element.
+template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
   int lim, end;  // bound and span end, local; 0 for dead rows
   __device__ __forceinline__ Reach(int lim_, int end_) : lim(lim_), end(end_) {}
   __device__ __forceinline__ Reach(const Span& s, int64_t bound, bool live)
       : lim(live ? s.local(bound) : 0), end(kCut ? (live ? s.local(s.end) : 0) : lim) {}
-  template <int kPack> __device__ __forceinline__ int n(int o) const { return kFull ? kPack : inside<kPack>(o, lim); }
+  template <int kPack> __device__ __forceinline__ int n(int o) const {
+    return kFull ? kPack : kWhole ? (o < lim ? kPack : 0) : inside<kPack>(o, lim);
+  }
   // Whether the pack at o is read as one vector: it holds a column below the bound and lies
   // wholly inside the span (without kCut: wholly below the bound).
   template <int kPack> __device__ __forceinline__ bool whole(int o) const {
-    return kFull || (kCut ? o < lim && o + kPack <= end : inside<kPack>(o, lim) == kPack);
+    return kFull || (kWhole ? o < lim : kCut ? o < lim && o + kPack <= end : inside<kPack>(o, lim) == kPack);
   }
 };
 
@@ -141,7 +145,15 @@ template <bool kCut, bool kFull = false> struct Reach {
 // (16-bit rows with a boolean mask: the split cost rows of 32 with a causal limit 83% -> 77%,
 // [64,16,128,128] causal 73% -> 66%). The bound never lies past the span's end (callers pass
 // min(limit, end)): n() == kPack relies on it.
-template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, typename Fn>
+// kWholeSplit (forward ops, Op::kWholeSplit): an uncut span that the row does not fill but whose
+// end falls on a pack boundary (rows of a multiple of the pack, nearly all) takes Reach<false,
+// false, true>, decided per lane. Rows whose packs fill their groups partly (float16 rows of 96:
+// 12 packs on 8 lanes of 2) sent the lanes with a pack past the end down the element-wise path
+// while the others took the test-free one, so the warp issued both (ncu). H200, plain forward:
+// float32 rows of 96-640 82-97% -> 88-100% of copy bandwidth, float16 rows of 96-768 58-86% ->
+// 63-88%; backward moved both ways (float32 rows of 320 88 -> 101, of 640 95 -> 86) and does not
+// take it.
+template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, bool kWholeSplit = false, typename Fn>
 __device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool live, Fn&& fn) {
   const Reach<kCut> reach(s, bound, live);
   if constexpr (kCut && !kSplitCut) {
@@ -150,6 +162,12 @@ __device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool li
     const bool full = reach.lim >= s.off<kPack>(kPacks - 1) + kPack;  // the thread's last pack's end
     if (kCut ? warp_all(full) : full) {
       fn(Reach<kCut, true>(reach.lim, reach.end));
+    } else if constexpr (kWholeSplit && !kCut && kPack > 1) {
+      if (reach.lim % kPack == 0) {
+        fn(Reach<kCut, false, true>(reach.lim, reach.end));
+      } else {
+        fn(reach);
+      }
     } else {
       fn(reach);
     }
@@ -163,11 +181,12 @@ __device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool li
 // past the bound in a pack read whole keep their values (callers pad them too).
 // With a stage, whole packs come from its slots, where prefetch_span (same span, bound and
 // liveness) copied them; partial packs are read from global memory here.
-template <typename C, typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true>
+template <typename C, typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true,
+          bool kWholeSplit = false>
 __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v,
                                           const Stage* st = nullptr) {
   const T* p = row + s.base;
-  with_reach<kCut, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+  with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int o = s.off<kPack>(j);
@@ -191,11 +210,11 @@ __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t b
 }
 
 // Starts copying the whole packs that load_span would read into the stage's slots.
-template <typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true>
+template <typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true, bool kWholeSplit = false>
 __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
   if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
     const T* p = row + s.base;
-    with_reach<kCut, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+    with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         const int o = s.off<kPack>(j);
@@ -216,10 +235,10 @@ __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64
 }
 
 // Writes the span's packs of `row` (columns below s.end only).
-template <typename T, int kPack, int kPacks>
+template <typename T, int kPack, int kPacks, bool kWholeSplit = false>
 __device__ __forceinline__ void store_span(T* row, const Span& s, const Narrowed<T, kPack> (&out)[kPacks]) {
   T* p = row + s.base;
-  with_reach<false, kPack, kPacks>(s, s.end, true, [&](const auto& reach) {
+  with_reach<false, kPack, kPacks, true, kWholeSplit>(s, s.end, true, [&](const auto& reach) {
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int o = s.off<kPack>(j);
@@ -331,6 +350,8 @@ template <typename T, int kMask> struct ForwardOp {
   // Whether the masked loaders drop their per-pack tests on spans that rows fill (with_reach):
   // not 16-bit rows under a causal limit with a boolean mask (kBoolMask), which lost (H200).
   static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
+  // Whether uncut spans whose end falls on a pack boundary drop the per-element tests (with_reach).
+  static constexpr bool kWholeSplit = true;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
   // are converted and added), and float64 with any mask.
@@ -516,7 +537,7 @@ template <typename T, int kMask> struct ForwardOp {
   // read whole, and its columns from the limit on become the pad).
   template <int kPack, int kPacks>
   __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks, kCausal, kSplitCut>(w.x, s, kCausal ? min(w.limit, s.end) : s.end, live, st);
+    prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, kCausal ? min(w.limit, s.end) : s.end, live, st);
   }
 
   template <int kPack, int kPacks>
@@ -528,13 +549,13 @@ template <typename T, int kMask> struct ForwardOp {
         return;
       }
     }
-    load_span<C, T, kPack, kPacks, kCausal, kSplitCut>(w.x, s, bound, live, v, st);
+    load_span<C, T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, v, st);
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
     // the others, and the boolean mask's False columns, become the pad. A boolean mask here is
     // read a pack at a time (masks are mostly broadcast rows served from cache, and holding them
     // for every pack would double the registers the row needs); the additive one as
     // add_mask_span says.
-    with_reach<kCausal, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+    with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
       if constexpr (kMask == kAddMask) {
         switch (mask ? mask_dtype : SOFTMAX_NONE) {
           case SOFTMAX_FLOAT16: add_mask_span<__half, kPack, kPacks>(w, s, reach, v); return;
@@ -586,7 +607,7 @@ template <typename T, int kMask> struct ForwardOp {
     constexpr Bits kAll = static_cast<Bits>(0x0101010101010101ull);
     const T* p = w.x + s.base;
     const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
-    with_reach<kCausal, kPack, kPacks, kSplitCut>(s, bound, live, [&](const auto& reach) {
+    with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
       const bool words_first = sizeof(T) == 2 || !st;
       auto read_word = [&](int o) -> Bits {
         if (!m) return kAll;
@@ -640,7 +661,7 @@ template <typename T, int kMask> struct ForwardOp {
     Narrowed<T, kPack> out[kPacks];
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) narrow<T, kPack>(v + j * kPack, out[j]);
-    store_span<T, kPack, kPacks>(w.y, s, out);
+    store_span<T, kPack, kPacks, kWholeSplit>(w.y, s, out);
   }
 
   // Rows in registers: one exp per element (the max is reduced first, then the sum).
