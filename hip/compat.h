@@ -21,6 +21,8 @@
 //   exp2_approx(v)          2^v by the hardware's approximation (2 ulp), results below 2^-126
 //               flushed to zero: a softmax output that small becomes 0 instead of a denormal
 //               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
+//   rcp_approx(v)           1/v by the hardware's approximation (1 ulp) where the IEEE division
+//               is a dozen instructions and a branch (NVIDIA); the division elsewhere.
 //   copy_async_16_if(pred, smem, gmem)   the copy where `pred` holds, predicated, not branched.
 //   kAsyncCopy  whether the platform has that copy, so that the kernels stage rows through it
 //               (host and device agree: it names the platform, not the device pass).
@@ -140,8 +142,14 @@ __device__ __forceinline__ float exp2_approx(float v) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
 }
+__device__ __forceinline__ float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
 #else
 __device__ __forceinline__ float exp2_approx(float v) { return exp2f(v); }
+__device__ __forceinline__ float rcp_approx(float v) { return 1.0f / v; }
 #endif
 
 #if defined(SOFTMAX_PLATFORM_NVIDIA)

@@ -23,6 +23,9 @@ int mask_elem_bytes(int dtype) {
   }
 }
 
+// Steps of its walking grid from which rows_warp carries rows forward (ForwardOp::Walk).
+constexpr int64_t kWalkMinSteps = 4;
+
 // Fills the operation from the problem, checking what only the forward direction has.
 template <typename T, int kMask> int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec) {
   using C = typename Compute<T>::type;
@@ -40,6 +43,11 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
                 static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
   op->causal_queries = make_divisor(p.causal_queries);
   *vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.out, p.out_row_stride);
+  // rows_warp's walk: causal queries below 2^31 and (below) a mask of at most two row dims, the
+  // inner one below 2^31. No mask: an inner dim of 1, which never wraps.
+  constexpr int64_t kWalkMax = INT32_MAX;
+  op->walks = p.causal_queries < kWalkMax;
+  op->walk_inner = make_divisor(1);
   if (p.mask_dtype == SOFTMAX_NONE || !p.mask) return SOFTMAX_OK;
 
   const int mbytes = mask_elem_bytes(p.mask_dtype);
@@ -67,6 +75,12 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
   op->mask_ndim = p.mask_ndim;
   op->mask_col_stride = p.mask_col_stride;
   op->mask_vec = mask_vec;
+  const int64_t inner = p.mask_ndim == 2 ? p.mask_shape[1] : 1;
+  op->walks = op->walks && p.mask_ndim <= 2 && inner < kWalkMax;
+  op->walk_inner = make_divisor(inner);
+  op->walk_inner_stride = p.mask_ndim == 2 ? p.mask_stride[1] : 0;
+  op->walk_outer_stride = p.mask_ndim >= 1 ? p.mask_stride[0] : 0;
+  op->walk_wrap = op->walk_outer_stride - inner * op->walk_inner_stride;
   return SOFTMAX_OK;
 }
 
@@ -98,6 +112,12 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
   cap_blocks(&plan, p.blocks);
+  // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
+  // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.
+  if (plan.family == SOFTMAX_FAMILY_WARP) {
+    const int64_t sets = ceil_div(p.rows, int64_t{plan.threads} / plan.group * plan.rows_per_group);
+    op.walks = op.walks && ceil_div(sets, plan.blocks) >= kWalkMinSteps;
+  }
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);

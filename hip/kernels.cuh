@@ -352,6 +352,13 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
   // Whether uncut spans whose end falls on a pack boundary drop the per-element tests (with_reach).
   static constexpr bool kWholeSplit = true;
+  // Whether rows_warp carries a row's causal query and mask offset from step to step (Walk,
+  // below): 16-bit rows under a causal limit. H200, rows with a padding mask and causal limit:
+  // 16-bit rows of 32 85% -> 88% of copy bandwidth (bfloat16 83 -> 86), of 128 93 -> 97, of
+  // 512-1024 97-101 -> 103-107. The walk's registers (54 -> 60 in the rows of 32) cost float32
+  // rows (128: 94 -> 82), float masks ([512,16,128,128] float32 90 -> 76) and 16-bit causal rows
+  // of a walk of two steps ([64,16,128,128] 73 -> 68), which keep dividing.
+  static constexpr bool kWalk = kMask == kBoolMask && sizeof(T) == 2;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
   // are converted and added), and float64 with any mask.
@@ -402,6 +409,12 @@ template <typename T, int kMask> struct ForwardOp {
   bool mask_vec;  // whole packs of the mask can be read with one aligned access
   Divisor mask_shape[SOFTMAX_MAX_DIMS];
   int64_t mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
+  // rows_warp's walk (Walk, below): whether it may carry rows forward, the mask's inner row dim
+  // (1 for a mask of one row dim, or none) with its stride, the outer dim's stride, and what a
+  // wrap of the inner index adds to the offset.
+  bool walks;
+  Divisor walk_inner;
+  int64_t walk_inner_stride, walk_outer_stride, walk_wrap;
 
   struct Row {
     const T* x;
@@ -410,9 +423,61 @@ template <typename T, int kMask> struct ForwardOp {
     int64_t limit;              // columns >= limit are masked out by causal
   };
 
+  // rows_warp visits a lane's rows r, r + step, r + 2 step, ... (its grid-stride loop). A Walk
+  // carries row r's causal query (r mod causal_queries) and mask offset on to row r + step: the
+  // step's remainder is added and one compare wraps it, where row() without one divides the row's
+  // index once for each and redoes the offsets in 64 bits. The host allows it (`walks`) where the
+  // divisors lie below 2^31 and the mask has at most two row dims.
+  struct Walk {
+    uint32_t query = 0, index = 0;  // r mod causal_queries, r mod walk_inner
+    int64_t off = 0;                // the mask's element offset of row r
+  };
+  // Row r's Walk; the step's is the same split of the step.
+  __device__ __forceinline__ Walk walk(int64_t r) const {
+    Walk k;
+    if (kWalk && walks) {
+      int64_t rem;
+      if (kCausal && causal_queries.d) {
+        row_div(r, causal_queries, &rem);
+        k.query = static_cast<uint32_t>(rem);
+      }
+      const int64_t outer = row_div(r, walk_inner, &rem);
+      k.index = static_cast<uint32_t>(rem);
+      k.off = outer * walk_outer_stride + rem * walk_inner_stride;
+    }
+    return k;
+  }
+  __device__ __forceinline__ void advance(Walk& k, const Walk& step) const {
+    if (kWalk && walks) {
+      const uint32_t queries = static_cast<uint32_t>(causal_queries.d), inner = static_cast<uint32_t>(walk_inner.d);
+      k.query += step.query;
+      if (k.query >= queries) k.query -= queries;
+      k.index += step.index;
+      k.off += step.off;
+      if (k.index >= inner) {
+        k.index -= inner;
+        k.off += walk_wrap;
+      }
+    }
+  }
+
+  // Row r, whose Walk is k (rows_warp): the causal limit and mask offset come from k. A function
+  // of its own: folded into row() as a branch around the divisions, the 16-bit rows of 32 lost
+  // the walk's gain (H200: 88% -> 86% of copy bandwidth).
+  template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r, const Walk& k) const {
+    if (!kWalk || !walks) return row<kWithMask>(r);
+    Row w;
+    w.x = x + r * x_stride;
+    w.y = y + r * y_stride;
+    w.limit = kCausal && causal_queries.d ? min(cols, static_cast<int64_t>(k.query) + 1) : cols;
+    w.mask = kWithMask && mask ? mask + k.off * mask_elem_size() : nullptr;
+    return w;
+  }
+
   // What prefetch() needs of row r: its logits and causal limit, not the mask's offset (whose
   // divisions would otherwise be paid twice and held in registers across the row's arithmetic).
   __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row<false>(r); }
+  __device__ __forceinline__ Row prefetch_row(int64_t r, const Walk& k) const { return row<false>(r, k); }
 
   template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r) const {
     Row w;
@@ -651,6 +716,26 @@ template <typename T, int kMask> struct ForwardOp {
     });
   }
 
+  // v[i] = exp_of(v[i], ref) for a row's N values. float rows take exp2(v * k - round(ref * k)):
+  // one FFMA an element instead of a subtract and a multiply. The rounding of ref * k shifts
+  // every exponent of the row by the same c (|c| <= ulp(ref * k) / 2), a factor 2^-c that the
+  // normalisation cancels; each exponent is rounded once (the subtract and multiply: twice). Rows whose |ref * k|
+  // reaches kFmaExpBound (c could then scale the sum out of range) take the subtract, decided
+  // per warp (every caller runs finish with whole warps).
+  static constexpr float kFmaExpBound = 65536.0f;  // |c| <= 2^-9: a factor within 0.14% of 1
+  template <int N> __device__ __forceinline__ void exp_row(C* v, C ref) const {
+    if constexpr (sizeof(C) == 4) {
+      const C mk = ref * exp_k;
+      if (warp_all(fabsf(mk) < kFmaExpBound)) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = exp2_approx(fmaf(v[i], exp_k, -mk));
+        return;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], ref);
+  }
+
   // A loaded logit as the exponent sees it: as is where the scale is folded, else x * scale + add.
   __device__ __forceinline__ C scaled(C x, C add) const { return kFoldsScale ? x : x * scale + add; }
   __device__ __forceinline__ C exp_of(C v, C ref) const { return exp_sub(v, ref, exp_k); }
@@ -668,8 +753,7 @@ template <typename T, int kMask> struct ForwardOp {
   template <int N, typename Reduce>
   __device__ __forceinline__ void finish(C* v, Reduce reduce) const {
     const C ref = safe_ref(reduce(tree_reduce<N>(v, MaxOp()), MaxOp()));
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], ref);
+    exp_row<N>(v, ref);
     const C inv = safe_inverse(reduce(tree_reduce<N>(v, SumOp()), SumOp()));
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] *= inv;
@@ -738,10 +822,15 @@ template <typename T> struct BackwardOp {
     T* dx;
   };
 
+  // rows_warp's walk (ForwardOp::Walk): nothing to carry, a row's pointers are all it needs.
+  struct Walk {};
+  __device__ __forceinline__ Walk walk(int64_t) const { return {}; }
+  __device__ __forceinline__ void advance(Walk&, const Walk&) const {}
   __device__ __forceinline__ Row row(int64_t r) const {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
-  __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
+  __device__ __forceinline__ Row row(int64_t r, const Walk&) const { return row(r); }
+  __device__ __forceinline__ Row prefetch_row(int64_t r, const Walk& = {}) const { return row(r); }
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
   __device__ __forceinline__ SumOp merge() const { return {}; }
 
@@ -861,11 +950,16 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const Stage stage = thread_stage<kSlots>();
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.
+  // Each row's walk is carried to the same row of the next step (Op::Walk).
+  typename Op::Walk walk[kRows];
+  const typename Op::Walk step = op.walk(warps * kWarpRows);
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) walk[k] = op.walk(warp * kWarpRows + k * kGroups + group);
   auto prefetch = [&](int64_t base) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      op.template prefetch<kPack, kPacks>(op.prefetch_row(r < rows ? r : 0), span, r < rows,
+      op.template prefetch<kPack, kPacks>(op.prefetch_row(r < rows ? r : 0, walk[k]), span, r < rows,
                                           stage.at(k * kPacks * Op::kStaged));
     }
   };
@@ -877,7 +971,8 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
       const Stage st = stage.at(k * kPacks * Op::kStaged);
-      op.template load<kPack, kPacks>(op.row(r < rows ? r : 0), span, r < rows, v[k], kSlots ? &st : nullptr);
+      op.template load<kPack, kPacks>(op.row(r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
+      op.advance(walk[k], step);
     }
     if (kSlots) {
       copy_async_reuse_fence();

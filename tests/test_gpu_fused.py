@@ -131,6 +131,44 @@ def test_causal_with_padding_and_fully_masked_rows(dtype):
     assert_close(y, ref, dtype, f"seed={g.seed}")
 
 
+# Steps of rows_warp's walking grid from which it carries rows forward (hip/forward.cu).
+WALK_MIN_STEPS = 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("k", [32, 100])
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_masked_rows_walk(blocks, k, dtype):
+    """rows_warp carries a 16-bit row's causal query and mask offset from one step of its walking
+    grid to the next (ForwardOp::Walk) where every warp takes WALK_MIN_STEPS steps or more: a grid
+    capped at 1 or 2 blocks walks 555 rows in 5 steps or more, and the step (blocks x 64 rows for
+    16-bit rows of 32, x 16 for rows of 100) wraps the query (Q = 37) and the mask's inner row dim at different
+    rows. Masks of every row rank the walk takes (none, one dim, two) and one it leaves to the
+    division (three), with and without the causal limit; rows of 32 (whole packs) and 100 (a pack
+    the row's end cuts). float32, which does not walk, runs the same grids."""
+    g = rng()
+    b, h, q = 3, 5, 37
+    x64 = rounded(g.standard_normal((b, h, q, k)) * 3, dtype)
+    masks = {
+        "none": None,
+        "full [B,H,Q,K], one dim": g.random((b, h, q, k)) > 0.3,
+        "padding [B,1,1,K], two dims": g.random((b, 1, 1, k)) > 0.3,
+        "[Q,K], two dims": g.random((q, k)) > 0.3,
+        "[B,1,Q,K], three dims": g.random((b, 1, q, k)) > 0.3,
+    }
+    for name, m in masks.items():
+        for causal in (False, True):
+            if m is None and not causal:
+                continue
+            plan = _ops.plan((b * h * q, k), dtype, causal_queries=q if causal else 0, mask=m is not None, blocks=blocks)
+            per_step = plan["blocks"] * plan["threads"] // plan["group"] * plan["rows_per_group"]
+            assert plan["family"] == "warp" and -(-b * h * q // per_step) >= WALK_MIN_STEPS, plan
+            y = _ops.forward(to_device(x64, dtype), scale=0.7, mask=None if m is None else cupy.asarray(m),
+                             causal=causal, blocks=blocks, out=poisoned(x64.shape, dtype))
+            assert_close(to_host64(y), ref_softmax(x64, 0.7, m, causal=causal), dtype,
+                         f"{name} causal={causal} blocks={blocks} seed={g.seed}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask_kind", ["float16", "float32", "bool, scale < 0"])
 @pytest.mark.parametrize("k", [8, 67, 1024, 1500, 40000])
@@ -240,6 +278,23 @@ def test_scale_whose_exponent_factor_is_not_normal(scale, magnitude):
                             out=poisoned(x64.shape, "float32"))
         assert_close(to_host64(y), ref_softmax(x64, scale, mask_host, causal=causal), "float32",
                      f"scale={scale} causal={causal} seed={g.seed}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_exponent_of_large_logits(dtype):
+    """Rows in registers take exp2(x * k - round(m * k)) where |m * k| (m the row's max, k the
+    scale times log2(e)) stays below 65536 (ForwardOp::exp_row), and exp2((x - m) * k) elsewhere,
+    decided per warp. Logits near 4e4 (the fused multiply-add, where the rounding of m * k is
+    largest) and near 6e4 (past the bound), in separate launches and mixed (in rows of 32, among
+    one warp's rows); rows of 32 and 1000 (rows_warp) and 5000 (rows_block)."""
+    g = rng()
+    for cols in (32, 1000, 5000):
+        for mix in ("below", "past", "mixed"):
+            x64 = g.standard_normal((64, cols)) * 3
+            x64 += {"below": 4e4, "past": 6e4, "mixed": numpy.where(numpy.arange(64)[:, None] % 3 == 0, 6e4, 4e4)}[mix]
+            x64 = rounded(x64, dtype)
+            y = pysoftmax.fused(to_device(x64, dtype), out=poisoned(x64.shape, dtype))
+            assert_close(to_host64(y), ref_softmax(x64), dtype, f"{mix} cols={cols} seed={g.seed}")
 
 
 def test_additive_mask_uses_minus_inf():
