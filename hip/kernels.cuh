@@ -78,7 +78,10 @@ template <typename T> constexpr int max_scalar_items() { return max_items<T>() /
 // row held on chip, or kStreamThreads x stream_unroll packs): the per-pack bound tests and
 // addresses then cost one 32-bit instruction each instead of a 64-bit sequence (H200 SASS: ~9
 // instructions per pack, three times per pack, in the issue-bound 16-bit kernels).
-struct Span {
+// kNarrow (rows_warp's spans): base 0 and every bound passed in 1..end < 2^31, so a bound is its
+// own local count, without the 64-bit clamps, which rows_warp paid on every row (H200 SASS: ~20
+// instructions an iteration of the 16-bit masked rows of 32).
+template <bool kNarrow = false> struct SpanT {
   int64_t base;
   int lane, width;
   int64_t end;
@@ -86,10 +89,12 @@ struct Span {
   template <int kPack> __device__ __forceinline__ int64_t col(int j) const { return base + off<kPack>(j); }
   // Columns of [base, bound) as a 32-bit count (0 if bound <= base; a step never reaches 2^31).
   __device__ __forceinline__ int local(int64_t bound) const {
+    if (kNarrow) return static_cast<int>(bound);
     const int64_t n = bound - base;
     return n <= 0 ? 0 : n >= INT32_MAX ? INT32_MAX : static_cast<int>(n);
   }
 };
+using Span = SpanT<>;
 
 // A thread's slots in shared memory for packs copied ahead of use (every family that stages): slot j
 // of thread t is the 16 bytes at (first + j) * threads + t, so a warp's slots are consecutive
@@ -118,7 +123,7 @@ template <int kPack> __device__ __forceinline__ int inside(int o, int lim) {
 template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
   int lim, end;  // bound and span end, local; 0 for dead rows
   __device__ __forceinline__ Reach(int lim_, int end_) : lim(lim_), end(end_) {}
-  __device__ __forceinline__ Reach(const Span& s, int64_t bound, bool live)
+  template <typename S> __device__ __forceinline__ Reach(const S& s, int64_t bound, bool live)
       : lim(live ? s.local(bound) : 0), end(kCut ? (live ? s.local(s.end) : 0) : lim) {}
   template <int kPack> __device__ __forceinline__ int n(int o) const {
     return kFull ? kPack : kWhole ? (o < lim ? kPack : 0) : inside<kPack>(o, lim);
@@ -153,8 +158,8 @@ template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
 // float32 rows of 96-640 82-97% -> 88-100% of copy bandwidth, float16 rows of 96-768 58-86% ->
 // 63-88%; backward moved both ways (float32 rows of 320 88 -> 101, of 640 95 -> 86) and does not
 // take it.
-template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, bool kWholeSplit = false, typename Fn>
-__device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool live, Fn&& fn) {
+template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, bool kWholeSplit = false, typename S, typename Fn>
+__device__ __forceinline__ void with_reach(const S& s, int64_t bound, bool live, Fn&& fn) {
   const Reach<kCut> reach(s, bound, live);
   if constexpr (kCut && !kSplitCut) {
     fn(reach);
@@ -182,8 +187,8 @@ __device__ __forceinline__ void with_reach(const Span& s, int64_t bound, bool li
 // With a stage, whole packs come from its slots, where prefetch_span (same span, bound and
 // liveness) copied them; partial packs are read from global memory here.
 template <typename C, typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true,
-          bool kWholeSplit = false>
-__device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t bound, bool live, C* v,
+          bool kWholeSplit = false, typename S>
+__device__ __forceinline__ void load_span(const T* row, const S& s, int64_t bound, bool live, C* v,
                                           const Stage* st = nullptr) {
   const T* p = row + s.base;
   with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
@@ -210,8 +215,9 @@ __device__ __forceinline__ void load_span(const T* row, const Span& s, int64_t b
 }
 
 // Starts copying the whole packs that load_span would read into the stage's slots.
-template <typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true, bool kWholeSplit = false>
-__device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64_t bound, bool live, const Stage& st) {
+template <typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true, bool kWholeSplit = false,
+          typename S>
+__device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t bound, bool live, const Stage& st) {
   if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
     const T* p = row + s.base;
     with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
@@ -235,8 +241,8 @@ __device__ __forceinline__ void prefetch_span(const T* row, const Span& s, int64
 }
 
 // Writes the span's packs of `row` (columns below s.end only).
-template <typename T, int kPack, int kPacks, bool kWholeSplit = false>
-__device__ __forceinline__ void store_span(T* row, const Span& s, const Narrowed<T, kPack> (&out)[kPacks]) {
+template <typename T, int kPack, int kPacks, bool kWholeSplit = false, typename S>
+__device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T, kPack> (&out)[kPacks]) {
   T* p = row + s.base;
   with_reach<false, kPack, kPacks, true, kWholeSplit>(s, s.end, true, [&](const auto& reach) {
 #pragma unroll
@@ -564,8 +570,8 @@ template <typename T, int kMask> struct ForwardOp {
   // mask, S = 64-1024: 16-bit rows with a float16 mask 47-57% -> 53-60% of copy bandwidth, with a
   // float32 mask 47-57% -> 61-64%; float32 rows 82-86% -> 85-93%. Only 16-bit rows with both a
   // float mask and a causal limit lost, from S = 512 on (59% -> 54%; S = 4096: 60% -> 52%).
-  template <typename M, int kPack, int kPacks, typename R>
-  __device__ __forceinline__ void add_mask_span(const Row& w, const Span& s, const R& reach, C* v) const {
+  template <typename M, int kPack, int kPacks, typename R, typename S>
+  __device__ __forceinline__ void add_mask_span(const Row& w, const S& s, const R& reach, C* v) const {
     // All packs first only while they fit half a thread's row budget (16 registers): more spilled
     // (ptxas: 236-308 bytes in rows_warp of 4-8 packs a lane), so wider spans add each pack as it
     // arrives.
@@ -600,13 +606,13 @@ template <typename T, int kMask> struct ForwardOp {
   // The span's values, scaled and masked; pads (-inf) past the causal limit, the span's end, and
   // for dead rows. Whole packs past the causal limit are never read (the pack the limit cuts is
   // read whole, and its columns from the limit on become the pad).
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
     prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, kCausal ? min(w.limit, s.end) : s.end, live, st);
   }
 
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, C* v, const Stage* st = nullptr) const {
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void load(const Row& w, const S& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
     if constexpr (kBool && kPack > 1 && sizeof(T) <= 4) {
       if (sizeof(T) == 2 || st) {  // `st` is known where this is inlined: staged or not
@@ -665,8 +671,8 @@ template <typename T, int kMask> struct ForwardOp {
   // masked rows gained 7-16 points in rows_warp, 3-8 in rows_block; unstaged float32 rows keep
   // the general loader, which was faster for them). A pack that the span's end cuts (rows not
   // a multiple of a pack) is read element by element.
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void load_bool(const Row& w, const Span& s, int64_t bound, bool live, C* v,
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void load_bool(const Row& w, const S& s, int64_t bound, bool live, C* v,
                                             const Stage* st) const {
     using Bits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
     constexpr Bits kAll = static_cast<Bits>(0x0101010101010101ull);
@@ -741,8 +747,8 @@ template <typename T, int kMask> struct ForwardOp {
   __device__ __forceinline__ C exp_of(C v, C ref) const { return exp_sub(v, ref, exp_k); }
   __device__ __forceinline__ MergeMaxSum<C> merge() const { return {exp_k}; }
 
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void store(const Row& w, const Span& s, const C* v) const {
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void store(const Row& w, const S& s, const C* v) const {
     Narrowed<T, kPack> out[kPacks];
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) narrow<T, kPack>(v + j * kPack, out[j]);
@@ -834,14 +840,14 @@ template <typename T> struct BackwardOp {
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
   __device__ __forceinline__ SumOp merge() const { return {}; }
 
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void prefetch(const Row& w, const Span& s, bool live, const Stage& st) const {
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
     prefetch_span<T, kPack, kPacks>(w.y, s, s.end, live, st);
     prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
   }
 
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void load(const Row& w, const Span& s, bool live, Item* v, const Stage* st = nullptr) const {
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void load(const Row& w, const S& s, bool live, Item* v, const Stage* st = nullptr) const {
     C a[kPacks * kPack], b[kPacks * kPack];
     const Stage dy_st = st ? st->at(kPacks) : Stage{};
     load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a, st);
@@ -850,8 +856,8 @@ template <typename T> struct BackwardOp {
     for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
   }
 
-  template <int kPack, int kPacks>
-  __device__ __forceinline__ void store(const Row& w, const Span& s, const Item* v) const {
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void store(const Row& w, const S& s, const Item* v) const {
     Narrowed<T, kPack> out[kPacks];
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
@@ -942,7 +948,8 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   constexpr int kItems = kPack * kPacks;
   constexpr int kGroups = kWarpSize / G;      // groups per warp
   constexpr int kWarpRows = kGroups * kRows;  // rows per warp per step
-  const Span span{0, static_cast<int>(threadIdx.x % G), G, op.cols};
+  // A narrow span: the planner gives a group of G lanes rows of at most G * kPacks * kPack columns.
+  const SpanT<true> span{0, static_cast<int>(threadIdx.x % G), G, op.cols};
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
