@@ -155,8 +155,8 @@ template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
 // false, true>, decided per lane. Rows whose packs fill their groups partly (float16 rows of 96:
 // 12 packs on 8 lanes of 2) sent the lanes with a pack past the end down the element-wise path
 // while the others took the test-free one, so the warp issued both (ncu). H200, plain forward:
-// float32 rows of 96-640 82-97% -> 88-100% of copy bandwidth, float16 rows of 96-768 58-86% ->
-// 63-88%; backward moved both ways (float32 rows of 320 88 -> 101, of 640 95 -> 86) and does not
+// float32 rows of 96-640 82-97% -> 88-101% of copy bandwidth, float16 rows of 96-768 58-86% ->
+// 63-89%; backward moved both ways (float32 rows of 320 88 -> 101, of 640 95 -> 86) and does not
 // take it.
 template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, bool kWholeSplit = false, typename S, typename Fn>
 __device__ __forceinline__ void with_reach(const S& s, int64_t bound, bool live, Fn&& fn) {
@@ -164,7 +164,7 @@ __device__ __forceinline__ void with_reach(const S& s, int64_t bound, bool live,
   if constexpr (kCut && !kSplitCut) {
     fn(reach);
   } else {
-    const bool full = reach.lim >= s.off<kPack>(kPacks - 1) + kPack;  // the thread's last pack's end
+    const bool full = reach.lim >= s.template off<kPack>(kPacks - 1) + kPack;  // the thread's last pack's end
     if (kCut ? warp_all(full) : full) {
       fn(Reach<kCut, true>(reach.lim, reach.end));
     } else if constexpr (kWholeSplit && !kCut && kPack > 1) {
@@ -194,7 +194,7 @@ __device__ __forceinline__ void load_span(const T* row, const S& s, int64_t boun
   with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int o = s.off<kPack>(j);
+      const int o = s.template off<kPack>(j);
       const int n = reach.template n<kPack>(o);
       // Each path widens its own values: were the raw 16-bit values merged first, every element
       // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
@@ -223,7 +223,7 @@ __device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t 
     with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
-        const int o = s.off<kPack>(j);
+        const int o = s.template off<kPack>(j);
         // Cut 16-bit rows (a causal limit) copy under the instruction's own predicate: every
         // address is computed once, where a branch per copy made the compiler recompute each from
         // the row's start (H200: 16-bit masked rows_block +3-5 points, measured before the
@@ -247,7 +247,7 @@ __device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T,
   with_reach<false, kPack, kPacks, true, kWholeSplit>(s, s.end, true, [&](const auto& reach) {
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int o = s.off<kPack>(j);
+      const int o = s.template off<kPack>(j);
       const int n = reach.template n<kPack>(o);
       if (n == kPack && kPack > 1) {
         store_pack<T, kPack>(p + o, out[j]);
@@ -362,8 +362,9 @@ template <typename T, int kMask> struct ForwardOp {
   // below): 16-bit rows under a causal limit. H200, rows with a padding mask and causal limit:
   // 16-bit rows of 32 85% -> 88% of copy bandwidth (bfloat16 83 -> 86), of 128 93 -> 97, of
   // 512-1024 97-101 -> 103-107. The walk's registers (54 -> 60 in the rows of 32) cost float32
-  // rows (128: 94 -> 82), float masks ([512,16,128,128] float32 90 -> 76) and 16-bit causal rows
-  // of a walk of two steps ([64,16,128,128] 73 -> 68), which keep dividing.
+  // rows (128: 94 -> 82) and float masks ([512,16,128,128] float32 90 -> 76), which keep
+  // dividing; grids of about two steps a warp ([64,16,128,128] causal 73 -> 68) are left to the
+  // host's gate (forward.cu, kWalkMinSteps: 70-72 with it).
   static constexpr bool kWalk = kMask == kBoolMask && sizeof(T) == 2;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
@@ -455,7 +456,8 @@ template <typename T, int kMask> struct ForwardOp {
   }
   __device__ __forceinline__ void advance(Walk& k, const Walk& step) const {
     if (kWalk && walks) {
-      const uint32_t queries = static_cast<uint32_t>(causal_queries.d), inner = static_cast<uint32_t>(walk_inner.d);
+      const uint32_t queries = static_cast<uint32_t>(causal_queries.d);
+      const uint32_t inner = static_cast<uint32_t>(walk_inner.d);
       k.query += step.query;
       if (k.query >= queries) k.query -= queries;
       k.index += step.index;
@@ -579,16 +581,16 @@ template <typename T, int kMask> struct ForwardOp {
     const M* m = reinterpret_cast<const M*>(w.mask);
     M raw[kPacks][kPack];
     auto add = [&](int j) {
-      const int n = reach.template n<kPack>(s.off<kPack>(j));
+      const int n = reach.template n<kPack>(s.template off<kPack>(j));
 #pragma unroll
       for (int i = 0; i < kPack; ++i)
         v[j * kPack + i] = i < n ? scaled(v[j * kPack + i], static_cast<C>(to_compute(raw[j][i]))) : pad();
     };
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int o = s.off<kPack>(j);
+      const int o = s.template off<kPack>(j);
       const int n = reach.template n<kPack>(o);
-      const int64_t c = s.col<kPack>(j);
+      const int64_t c = s.template col<kPack>(j);
       if (mask_vec && kPack > 1 && reach.template whole<kPack>(o)) {
         load_pack<M, kPack>(m + c, raw[j]);
       } else {
@@ -608,7 +610,8 @@ template <typename T, int kMask> struct ForwardOp {
   // read whole, and its columns from the limit on become the pad).
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, kCausal ? min(w.limit, s.end) : s.end, live, st);
+    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
+    prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, st);
   }
 
   template <int kPack, int kPacks, typename S>
@@ -638,12 +641,12 @@ template <typename T, int kMask> struct ForwardOp {
       }
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
-        const int o = s.off<kPack>(j);
+        const int o = s.template off<kPack>(j);
         const int n = reach.template n<kPack>(o);
         C* x = v + j * kPack;
         if constexpr (kMasked) {
           if (mask) {  // boolean here
-            apply_bool_mask<kPack>(w, s.col<kPack>(j), n, reach.template whole<kPack>(o), x);
+            apply_bool_mask<kPack>(w, s.template col<kPack>(j), n, reach.template whole<kPack>(o), x);
             continue;
           }
         }
@@ -692,7 +695,7 @@ template <typename T, int kMask> struct ForwardOp {
       Bits bits[kPacks];
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
-        const int o = s.off<kPack>(j);
+        const int o = s.template off<kPack>(j);
         bits[j] = 0;
         if (reach.template whole<kPack>(o)) {
           if (!st) load_pack<T, kPack>(p + o, raw[j]);
@@ -701,7 +704,7 @@ template <typename T, int kMask> struct ForwardOp {
       }
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
-        const int o = s.off<kPack>(j);
+        const int o = s.template off<kPack>(j);
         const int n = reach.template n<kPack>(o);
         C* x = v + j * kPack;
         if (reach.template whole<kPack>(o)) {
@@ -725,9 +728,11 @@ template <typename T, int kMask> struct ForwardOp {
   // v[i] = exp_of(v[i], ref) for a row's N values. float rows take exp2(v * k - round(ref * k)):
   // one FFMA an element instead of a subtract and a multiply. The rounding of ref * k shifts
   // every exponent of the row by the same c (|c| <= ulp(ref * k) / 2), a factor 2^-c that the
-  // normalisation cancels; each exponent is rounded once (the subtract and multiply: twice). Rows whose |ref * k|
-  // reaches kFmaExpBound (c could then scale the sum out of range) take the subtract, decided
-  // per warp (every caller runs finish with whole warps).
+  // normalisation cancels; each exponent is rounded once (the subtract and multiply: twice).
+  // Rows whose |ref * k| reaches kFmaExpBound (c could then scale the sum out of range) take the
+  // subtract, decided per warp (every caller runs finish with whole warps). H200, on top of the
+  // walk: 16-bit rows of 32 with a padding mask and causal limit 86% -> 89% of copy bandwidth,
+  // float masks +1-3 points (with rcp_approx for the row's 1 / sum).
   static constexpr float kFmaExpBound = 65536.0f;  // |c| <= 2^-9: a factor within 0.14% of 1
   template <int N> __device__ __forceinline__ void exp_row(C* v, C ref) const {
     if constexpr (sizeof(C) == 4) {
