@@ -142,10 +142,10 @@ def test_masked_rows_walk(blocks, k, dtype):
     """rows_warp carries a 16-bit row's causal query and mask offset from one step of its walking
     grid to the next (ForwardOp::Walk) where every warp takes WALK_MIN_STEPS steps or more: a grid
     capped at 1 or 2 blocks walks 555 rows in 5 steps or more, and the step (blocks x 64 rows for
-    16-bit rows of 32, x 16 for rows of 100) wraps the query (Q = 37) and the mask's inner row dim at different
-    rows. Masks of every row rank the walk takes (none, one dim, two) and one it leaves to the
-    division (three), with and without the causal limit; rows of 32 (whole packs) and 100 (a pack
-    the row's end cuts). float32, which does not walk, runs the same grids."""
+    16-bit rows of 32, x 16 for rows of 100) wraps the query (Q = 37) and the mask's inner row
+    dim at different rows. Masks of every row rank the walk takes (none, one dim, two) and one it
+    leaves to the division (three), with and without the causal limit; rows of 32 (whole packs)
+    and 100 (a pack the row's end cuts). float32, which does not walk, runs the same grids."""
     g = rng()
     b, h, q = 3, 5, 37
     x64 = rounded(g.standard_normal((b, h, q, k)) * 3, dtype)
