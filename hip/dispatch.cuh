@@ -142,6 +142,11 @@ constexpr int kNaiveFamily = 100;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+// Sets of rows a rows_warp plan's blocks take (one block's step each): what its grid covers, and,
+// over the grid, the steps each warp walks (the forward's walk gate, forward.cu).
+inline int64_t warp_row_sets(const Plan& p, int64_t rows) {
+  return ceil_div(rows, int64_t{p.threads} / p.group * p.rows_per_group);
+}
 // A grid that walks `sets` blocks' worth of work (see kMaxBlocksPerSm).
 inline int64_t walking_grid(int64_t sets, const DeviceInfo& dev) {
   return std::min<int64_t>(sets, int64_t{dev.sms} * kMaxBlocksPerSm);
@@ -284,8 +289,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.group = kMaxGroup;
     }
     p.rows_per_group = warp_rows_for_pack<Op>(pack, p.packs, p.group);
-    const int64_t rows_per_block = p.threads / p.group * p.rows_per_group;
-    p.blocks = register_grid<Op>(ceil_div(rows, rows_per_block), p.family, p.threads, dev);
+    p.blocks = register_grid<Op>(warp_row_sets(p, rows), p.family, p.threads, dev);
   } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMax} * max_packs) {
     p.family = SOFTMAX_FAMILY_BLOCK;
     const int lo = pack > 1 ? 2 : 8;  // the smallest per-thread load worth a block

@@ -114,10 +114,8 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.
-  if (plan.family == SOFTMAX_FAMILY_WARP) {
-    const int64_t sets = ceil_div(p.rows, int64_t{plan.threads} / plan.group * plan.rows_per_group);
-    op.walks = op.walks && ceil_div(sets, plan.blocks) >= kWalkMinSteps;
-  }
+  if (plan.family == SOFTMAX_FAMILY_WARP)
+    op.walks = op.walks && ceil_div(warp_row_sets(plan, p.rows), plan.blocks) >= kWalkMinSteps;
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
