@@ -366,6 +366,17 @@ template <typename T, int kMask> struct ForwardOp {
   // dividing; grids of about two steps a warp ([64,16,128,128] causal 73 -> 68) are left to the
   // host's gate (forward.cu, kWalkMinSteps: 70-72 with it).
   static constexpr bool kWalk = kMask == kBoolMask && sizeof(T) == 2;
+  // Whether rows_warp reads its unstaged vector rows a step ahead (Fetch, fetch() and take(),
+  // below): the next step's logits and mask words are in flight, in registers, while the warp
+  // reduces and stores the current rows. The same 16-bit rows under a causal limit, whose
+  // tiny-table groups stage nothing (kStageWarpMin): ncu, rows of 32 with a padding mask, had
+  // 38% of the warps' stall samples waiting on those loads, 8% after. H200, with kWarpMinBlocks
+  // at 7 (72 registers): rows of 32 89.8% -> 90.8% of copy bandwidth (bfloat16 88.8 -> 90.0), of
+  // 64 93 -> 98 (91 -> 94). At 8 blocks (64 registers) it spilled and lost (rows of 32: 85%);
+  // two rows a group instead (kRows 2, no read-ahead) spilled too and ran at 71%. Holding the
+  // logits as their 16-bit elements rather than the loaded words gave each element a register
+  // of its own and lost (73%).
+  static constexpr bool kPipe = kWalk;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
   // are converted and added), and float64 with any mask.
@@ -376,8 +387,11 @@ template <typename T, int kMask> struct ForwardOp {
   // (at 128, ptxas gave bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing
   // spills), 85 (6 blocks) for the boolean one, where the staged 16-bit medium rows spill 12-16
   // bytes and still beat 5 blocks (H200: attention pad S = 1024 81% -> 82%, rows of 1024 with a
-  // mask and causal 76% -> 80%).
-  static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : 6;
+  // mask and causal 76% -> 80%). The read-ahead ops (kPipe) take 7 (72 registers): the rows of
+  // 32 read ahead need them (above), and their staged wide lanes ran faster at 72 than at the 74-75
+  // ptxas gave them at 85 (H200, rows of 128 with a padding mask and causal limit 98.9% ->
+  // 101.5% of copy bandwidth, bfloat16 98.1 -> 100.7).
+  static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : kPipe ? 7 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
   // The thread count vector rows_block's launch bound names, which sets its register cap: twice
   // the block for rows of 4 bytes or less with a boolean mask, so that two rows fit an SM (64
@@ -662,6 +676,20 @@ template <typename T, int kMask> struct ForwardOp {
     });
   }
 
+  // A pack's boolean mask bytes as one word (byte i nonzero: column i kept): the pack's bytes
+  // at o from the row's mask m, read as one word where the mask is contiguous and aligned, else
+  // byte by byte; all kept where there is no mask (m null).
+  template <int kPack> using MaskBits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
+  template <typename Bits, int kPack>
+  __device__ __forceinline__ Bits mask_word(const unsigned char* m, int o) const {
+    if (!m) return static_cast<Bits>(0x0101010101010101ull);
+    if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
+    Bits b = 0;
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
+    return b;
+  }
+
   // The boolean loader of vector packs (16-bit rows, and staged float32 rows). Each pack read
   // whole (see Reach) gives its logits and its mask's bytes as one word; a causal cut clears the
   // bytes from the limit on, and each column is then one test of its byte and a select. What
@@ -677,20 +705,12 @@ template <typename T, int kMask> struct ForwardOp {
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void load_bool(const Row& w, const S& s, int64_t bound, bool live, C* v,
                                             const Stage* st) const {
-    using Bits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
-    constexpr Bits kAll = static_cast<Bits>(0x0101010101010101ull);
+    using Bits = MaskBits<kPack>;
     const T* p = w.x + s.base;
     const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
     with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
       const bool words_first = sizeof(T) == 2 || !st;
-      auto read_word = [&](int o) -> Bits {
-        if (!m) return kAll;
-        if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
-        Bits b = 0;
-#pragma unroll
-        for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
-        return b;
-      };
+      auto read_word = [&](int o) { return mask_word<Bits, kPack>(m, o); };
       T raw[kPacks][kPack];
       Bits bits[kPacks];
 #pragma unroll
@@ -723,6 +743,56 @@ template <typename T, int kMask> struct ForwardOp {
         }
       }
     });
+  }
+
+  // rows_warp's read-ahead (kPipe): fetch() issues a row's loads into a Fetch, take() turns it
+  // into the row's values as load() would (the causal cut and the mask's False columns become
+  // the pad), a step later. The logits stay the loaded 32-bit words, each converted by halves
+  // where it is used; a pack that the span's end cuts is read element by element into them.
+  template <int kPack, int kPacks> struct Fetch {
+    uint32_t words[kPacks][kPackBytes / 4];
+    MaskBits<kPack> bits[kPacks];  // 0 for packs not read
+    int lim;                       // the Reach's bound: the causal cut of take()
+  };
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void fetch(const Row& w, const S& s, bool live, Fetch<kPack, kPacks>& f) const {
+    static_assert(sizeof(T) == 2 && kPack * sizeof(T) == kPackBytes, "read-ahead: 16-bit vector packs");
+    using Bits = MaskBits<kPack>;
+    const T* p = w.x + s.base;
+    const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
+    const Reach<kCausal> reach(s, kCausal ? min(w.limit, s.end) : s.end, live);
+    f.lim = reach.lim;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int o = s.template off<kPack>(j);
+      const int n = reach.template n<kPack>(o);
+      f.bits[j] = 0;
+      if (reach.template whole<kPack>(o)) {
+        load_pack<uint32_t, kPackBytes / 4>(reinterpret_cast<const uint32_t*>(p + o), f.words[j]);
+        f.bits[j] = mask_word<Bits, kPack>(m, o);
+      } else if (n > 0) {  // only the n columns inside the span are read, logits and mask alike
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(p + o);
+        Bits b = 0;
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(i < n && (!m || m[(o + i) * mask_col_stride])) << (8 * i);
+#pragma unroll
+        for (int i = 0; i < kPack / 2; ++i)
+          f.words[j][i] = (2 * i < n ? q[2 * i] : 0u) | (2 * i + 1 < n ? static_cast<uint32_t>(q[2 * i + 1]) << 16 : 0u);
+        f.bits[j] = b;
+      }
+    }
+  }
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void take(const Fetch<kPack, kPacks>& f, const S& s, C* v) const {
+    using Bits = MaskBits<kPack>;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int n = inside<kPack>(s.template off<kPack>(j), f.lim);
+      const Bits b = n < kPack ? f.bits[j] & ((Bits{1} << (8 * n)) - 1) : f.bits[j];
+#pragma unroll
+      for (int i = 0; i < kPack; ++i)
+        v[j * kPack + i] = b & (Bits{0xff} << (8 * i)) ? half_to_compute<T>(f.words[j][i / 2], i % 2) : pad();
+    }
   }
 
   // v[i] = exp_of(v[i], ref) for a row's N values. float rows take exp2(v * k - round(ref * k)):
@@ -814,6 +884,10 @@ template <typename T> struct BackwardOp {
   // Two arrays per value already put enough bytes in flight; any register cap made it spill
   // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
   static constexpr int kWarpMinBlocks = 1;
+  // Nothing read ahead (ForwardOp::kPipe): its rows stage from groups of 4 lanes, and rows of 32
+  // already run at 99%.
+  static constexpr bool kPipe = false;
+  template <int, int> struct Fetch {};
   static constexpr int kBlockMaxThreads = 512;
   static constexpr int kBlockBoundThreads = kBlockMaxThreads;
   static constexpr int kStreamMinBlocks = 1;
@@ -967,6 +1041,20 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   const typename Op::Walk step = op.walk(warps * kWarpRows);
 #pragma unroll
   for (int k = 0; k < kRows; ++k) walk[k] = op.walk(warp * kWarpRows + k * kGroups + group);
+  // Unstaged vector rows the op reads a step ahead (Op::kPipe): the step's loads were issued in
+  // the step before, into `ahead`, and each row's walk moves on as its loads are issued.
+  constexpr bool kAhead = Op::kPipe && !kSlots && kPack > 1;
+  typename Op::template Fetch<kPack, kPacks> ahead[kAhead ? kRows : 1];
+  auto fetch = [&](int64_t base) {
+    if constexpr (kAhead) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t r = base + k * kGroups + group;
+        op.template fetch<kPack, kPacks>(op.row(r < rows ? r : 0, walk[k]), span, r < rows, ahead[k]);
+        op.advance(walk[k], step);
+      }
+    }
+  };
   auto prefetch = [&](int64_t base) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
@@ -976,19 +1064,29 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
     }
   };
   if (kSlots) prefetch(warp * kWarpRows);
+  if constexpr (kAhead) {
+    if (warp * kWarpRows < rows) fetch(warp * kWarpRows);
+  }
   for (int64_t base = warp * kWarpRows; base < rows; base += warps * kWarpRows) {
     Item v[kRows][kItems];
     if (kSlots) copy_async_wait();
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const int64_t r = base + k * kGroups + group;
-      const Stage st = stage.at(k * kPacks * Op::kStaged);
-      op.template load<kPack, kPacks>(op.row(r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
-      op.advance(walk[k], step);
+      if constexpr (kAhead) {
+        op.template take<kPack, kPacks>(ahead[k], span, v[k]);
+      } else {
+        const int64_t r = base + k * kGroups + group;
+        const Stage st = stage.at(k * kPacks * Op::kStaged);
+        op.template load<kPack, kPacks>(op.row(r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
+        op.advance(walk[k], step);
+      }
     }
     if (kSlots) {
       copy_async_reuse_fence();
       if (base + warps * kWarpRows < rows) prefetch(base + warps * kWarpRows);
+    }
+    if constexpr (kAhead) {
+      if (base + warps * kWarpRows < rows) fetch(base + warps * kWarpRows);
     }
 #pragma unroll
     for (int k = 0; k < kRows; ++k) op.template finish<kItems>(v[k], GroupReduce<G>());

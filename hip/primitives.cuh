@@ -32,6 +32,19 @@ __device__ __forceinline__ float to_compute(bf16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
 }
 
+// The 16-bit element in half `hi` (0: the low 16 bits) of a word of two, widened: the word as it
+// was loaded, so that no element is moved into a register of its own before its conversion.
+template <typename T> __device__ __forceinline__ float half_to_compute(uint32_t word, int hi) {
+  static_assert(sizeof(T) == 2, "two elements a word");
+  if constexpr (std::is_same<T, bf16_t>::value) {
+    return __uint_as_float(hi ? word & 0xffff0000u : word << 16);
+  } else {
+    __half2 h;
+    memcpy(&h, &word, sizeof(h));
+    return hi ? __high2float(h) : __low2float(h);
+  }
+}
+
 template <typename T> __device__ __forceinline__ T from_compute(float v);
 template <> __device__ __forceinline__ float from_compute<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_compute<__half>(float v) {

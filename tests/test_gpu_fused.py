@@ -169,6 +169,44 @@ def test_masked_rows_walk(blocks, k, dtype):
                          f"{name} causal={causal} blocks={blocks} seed={g.seed}")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("k", [8, 20, 32, 60, 64, 100, 256])
+@pytest.mark.parametrize("blocks", [1, 0])
+def test_rows_read_ahead(blocks, k, dtype):
+    """rows_warp reads 16-bit rows under a causal limit one step ahead (ForwardOp::kPipe): each
+    step's logits and mask words are loaded in the step before and turned into values there. Rows
+    whose ends cut a pack (20, 60, 100 columns, in rows padded to a multiple of 8 so that the
+    packs stay vectors) read that pack element by element, mask bytes included. A mask whose rows
+    are padded the same way is read a word a pack; one with a column stride of 2, or starting one
+    byte in, byte by byte. 3 x 37 rows leave the last step's rows partly dead. One block walks
+    every step; the full grid takes about one step a warp, with nothing left to read ahead."""
+    g = rng()
+    b, q = 3, 37
+    kp = -(-k // 8) * 8
+    x64 = rounded(g.standard_normal((b, q, kp)) * 3, dtype)
+    m_host = g.random((b, 1, 2 * kp + 1)) > 0.3
+    m_dev = cupy.asarray(m_host)
+    masks = {"none": None, "padded rows": (slice(0, kp), slice(0, k)), "column stride 2": (slice(0, 2 * k, 2),),
+             "one byte in": (slice(1, k + 1),)}
+    # The plan of the padded rows (the contiguous plan of kp columns: the same group and packs).
+    plan = _ops.plan((b * q, kp), dtype, causal_queries=q, mask=True, blocks=blocks)
+    assert plan["family"] == "warp" and plan["pack"] > 1 and plan["stage"] == 0, plan
+    for name, cut in masks.items():
+        m = md = None
+        if cut is not None:
+            m, md = m_host, m_dev
+            for c in cut:
+                m, md = m[:, :, c], md[:, :, c]
+            if name == "padded rows":
+                md = cupy.ascontiguousarray(m_dev[:, :, :kp])[:, :, :k]
+        out = poisoned(x64.shape, dtype)
+        y = _ops.forward(to_device(x64, dtype)[:, :, :k], scale=0.7, mask=md, causal=True, blocks=blocks,
+                         out=out[:, :, :k])
+        assert_close(to_host64(y), ref_softmax(x64[:, :, :k], 0.7, m, causal=True), dtype,
+                     f"{name} blocks={blocks} seed={g.seed}")
+        assert numpy.all(numpy.isnan(to_host64(out)[:, :, k:])), "wrote past the row's end"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mask_kind", ["float16", "float32", "bool, scale < 0"])
 @pytest.mark.parametrize("k", [8, 67, 1024, 1500, 40000])
