@@ -23,6 +23,11 @@
 //               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
 //   rcp_approx(v)           1/v by the hardware's approximation (1 ulp) where the IEEE division
 //               is a dozen instructions and a branch (NVIDIA); the division elsewhere.
+//   nonzero_halves(w)       0xffff in each 16-bit half of w that is not zero, 0 in the others,
+//               for halves below 0x7c00: one HSET2 on NVIDIA (the halves compared as float16,
+//               without ftz, so that 1..0x3ff count as the subnormal numbers they are).
+//   max_halves(a, b, bf16)  the larger of each pair of 16-bit halves, as float16 or bfloat16 (one
+//               HMNMX2 on NVIDIA, three operands at a time after ptxas merges them).
 //   copy_async_16_if(pred, smem, gmem)   the copy where `pred` holds, predicated, not branched.
 //   kAsyncCopy  whether the platform has that copy, so that the kernels stage rows through it
 //               (host and device agree: it names the platform, not the device pass).
@@ -150,6 +155,41 @@ __device__ __forceinline__ float rcp_approx(float v) {
 #else
 __device__ __forceinline__ float exp2_approx(float v) { return exp2f(v); }
 __device__ __forceinline__ float rcp_approx(float v) { return 1.0f / v; }
+#endif
+
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Halves of 1..0x7bff are positive subnormal or normal float16 numbers, which set.ne (no ftz)
+// tells from 0; 0x7c00 and up would be infinities, NaNs and negative zeros.
+__device__ __forceinline__ uint32_t nonzero_halves(uint32_t w) {
+  uint32_t r;
+  asm("set.ne.u32.f16x2 %0, %1, %2;" : "=r"(r) : "r"(w), "r"(0u));
+  return r;
+}
+__device__ __forceinline__ uint32_t max_halves(uint32_t a, uint32_t b, bool bf16) {
+  uint32_t r;
+  if (bf16) asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+#else
+__device__ __forceinline__ uint32_t max_halves(uint32_t a, uint32_t b, bool bf16) {
+  auto f = [bf16](uint32_t h) -> float {
+    if (bf16) return __uint_as_float(h << 16);
+    __half x;
+    const uint16_t h16 = static_cast<uint16_t>(h);
+    memcpy(&x, &h16, sizeof(x));
+    return __half2float(x);
+  };
+  uint32_t r = 0;
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t x = (a >> (16 * k)) & 0xffffu, y = (b >> (16 * k)) & 0xffffu;
+    r |= (f(x) >= f(y) || f(y) != f(y) ? x : y) << (16 * k);
+  }
+  return r;
+}
+__device__ __forceinline__ uint32_t nonzero_halves(uint32_t w) {
+  return ((w & 0xffffu) ? 0xffffu : 0u) | ((w >> 16) ? 0xffff0000u : 0u);
+}
 #endif
 
 #if defined(SOFTMAX_PLATFORM_NVIDIA)

@@ -370,12 +370,13 @@ template <typename T, int kMask> struct ForwardOp {
   // below): the next step's logits and mask words are in flight, in registers, while the warp
   // reduces and stores the current rows. The same 16-bit rows under a causal limit, whose
   // tiny-table groups stage nothing (kStageWarpMin): ncu, rows of 32 with a padding mask, had
-  // 38% of the warps' stall samples waiting on those loads, 8% after. H200, with kWarpMinBlocks
-  // at 7 (72 registers): rows of 32 89.8% -> 90.8% of copy bandwidth (bfloat16 88.8 -> 90.0), of
-  // 64 93 -> 98 (91 -> 94). At 8 blocks (64 registers) it spilled and lost (rows of 32: 85%);
-  // two rows a group instead (kRows 2, no read-ahead) spilled too and ran at 71%. Holding the
-  // logits as their 16-bit elements rather than the loaded words gave each element a register
-  // of its own and lost (73%).
+  // 38% of the warps' stall samples waiting on those loads, 8% after (the warps then wait on
+  // issue: take() below packs the selects). H200, with kWarpMinBlocks at 7 (72 registers),
+  // before take()'s packed selects: rows of 32 3817-3840 -> 3852-3880 GB/s (bfloat16 3764-3796 ->
+  // 3812-3839), of 64 3944-3972 -> 4146-4172 (3853-3878 -> 3989-4019). At 8 blocks (64
+  // registers) it spilled and lost (rows of 32: 3631-3640); two rows a group instead (kRows 2,
+  // no read-ahead) spilled too (3011-3013). Holding the logits as their 16-bit elements rather
+  // than the loaded words gave each element a register of its own (3109-3113).
   static constexpr bool kPipe = kWalk;
   static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
   // The loaders that spill under the tighter register caps below: the float mask's (its values
@@ -747,8 +748,9 @@ template <typename T, int kMask> struct ForwardOp {
 
   // rows_warp's read-ahead (kPipe): fetch() issues a row's loads into a Fetch, take() turns it
   // into the row's values as load() would (the causal cut and the mask's False columns become
-  // the pad), a step later. The logits stay the loaded 32-bit words, each converted by halves
-  // where it is used; a pack that the span's end cuts is read element by element into them.
+  // the pad), a step later, and returns the lane's largest value. The logits stay the loaded
+  // 32-bit words, each converted by halves where it is used; a pack that the span's end cuts is
+  // read element by element into them.
   template <int kPack, int kPacks> struct Fetch {
     uint32_t words[kPacks][kPackBytes / 4];
     MaskBits<kPack> bits[kPacks];  // 0 for packs not read
@@ -782,17 +784,38 @@ template <typename T, int kMask> struct ForwardOp {
       }
     }
   }
+  // take() selects two columns at a time, on the 16-bit words: the pair's mask bytes go to the
+  // low bytes of two halves (PRMT), each half becomes 0xffff where its byte is not zero
+  // (nonzero_halves), and one LOP3 keeps the logits' halves or puts -inf's in their place; the
+  // lane's max is taken on those words too, before they are widened (max_halves). Per pack of 8
+  // columns that is 4 PRMT, 4 HSET2, 4 LOP3 and 3 maxima, where a test, a move of the pad and a
+  // maximum for each column took 24 (H200 SASS). H200, rows of 32 with a padding mask and causal
+  // limit: 3817-3822 -> 3874 GB/s float16, 3812-3822 -> 3863-3878 bfloat16 (with the selects
+  // alone 3844-3863); rows of 64 bfloat16 3996-4001 -> 4141-4167.
   template <int kPack, int kPacks, typename S>
-  __device__ __forceinline__ void take(const Fetch<kPack, kPacks>& f, const S& s, C* v) const {
+  __device__ __forceinline__ C take(const Fetch<kPack, kPacks>& f, const S& s, C* v) const {
     using Bits = MaskBits<kPack>;
+    constexpr bool kBf16 = std::is_same<T, bf16_t>::value;
+    constexpr uint32_t kPads = kBf16 ? 0xff80ff80u : 0xfc00fc00u;  // -inf in both halves
+    uint32_t mx = 0;
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
-      const int n = inside<kPack>(s.template off<kPack>(j), f.lim);
-      const Bits b = n < kPack ? f.bits[j] & ((Bits{1} << (8 * n)) - 1) : f.bits[j];
+      // The causal cut: the bytes from n = min(lim - o, kPack) on are cleared (n >= 1 where the
+      // pack was read; its bits are 0 where it was not).
+      const int n = min(max(f.lim - s.template off<kPack>(j), 1), kPack);
+      const Bits b = f.bits[j] & (~Bits{0} >> (8 * (kPack - n)));
 #pragma unroll
-      for (int i = 0; i < kPack; ++i)
-        v[j * kPack + i] = b & (Bits{0xff} << (8 * i)) ? half_to_compute<T>(f.words[j][i / 2], i % 2) : pad();
+      for (int w = 0; w < kPack / 2; ++w) {
+        const uint32_t word = static_cast<uint32_t>(b >> (32 * (2 * w / 4)));
+        const uint32_t sel = ((2 * w) % 4) | 0x40u | (((2 * w) % 4 + 1) << 8) | 0x4000u;
+        const uint32_t keep = nonzero_halves(__byte_perm(word, 0u, sel));
+        const uint32_t x = (f.words[j][w] & keep) | (kPads & ~keep);
+        mx = j == 0 && w == 0 ? x : max_halves(mx, x, kBf16);
+        v[j * kPack + 2 * w] = half_to_compute<T>(x, 0);
+        v[j * kPack + 2 * w + 1] = half_to_compute<T>(x, 1);
+      }
     }
+    return MaxOp()(half_to_compute<T>(mx, 0), half_to_compute<T>(mx, 1));
   }
 
   // v[i] = exp_of(v[i], ref) for a row's N values. float rows take exp2(v * k - round(ref * k)):
@@ -833,7 +856,11 @@ template <typename T, int kMask> struct ForwardOp {
   // Rows in registers: one exp per element (the max is reduced first, then the sum).
   template <int N, typename Reduce>
   __device__ __forceinline__ void finish(C* v, Reduce reduce) const {
-    const C ref = safe_ref(reduce(tree_reduce<N>(v, MaxOp()), MaxOp()));
+    finish<N>(v, reduce, tree_reduce<N>(v, MaxOp()));
+  }
+  template <int N, typename Reduce>
+  __device__ __forceinline__ void finish(C* v, Reduce reduce, C lane_max) const {
+    const C ref = safe_ref(reduce(lane_max, MaxOp()));
     exp_row<N>(v, ref);
     const C inv = safe_inverse(reduce(tree_reduce<N>(v, SumOp()), SumOp()));
 #pragma unroll
@@ -1069,11 +1096,12 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
   }
   for (int64_t base = warp * kWarpRows; base < rows; base += warps * kWarpRows) {
     Item v[kRows][kItems];
+    Item lane_max[kRows];
     if (kSlots) copy_async_wait();
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       if constexpr (kAhead) {
-        op.template take<kPack, kPacks>(ahead[k], span, v[k]);
+        lane_max[k] = op.template take<kPack, kPacks>(ahead[k], span, v[k]);
       } else {
         const int64_t r = base + k * kGroups + group;
         const Stage st = stage.at(k * kPacks * Op::kStaged);
@@ -1089,7 +1117,10 @@ __global__ void __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) rows_w
       if (base + warps * kWarpRows < rows) fetch(base + warps * kWarpRows);
     }
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) op.template finish<kItems>(v[k], GroupReduce<G>());
+    for (int k = 0; k < kRows; ++k) {
+      if constexpr (kAhead) op.template finish<kItems>(v[k], GroupReduce<G>(), lane_max[k]);
+      else op.template finish<kItems>(v[k], GroupReduce<G>());
+    }
     // Row pointers are recomputed for the stores rather than kept live across the reductions:
     // registers are what limits the rows in flight.
 #pragma unroll

@@ -178,7 +178,8 @@ def test_rows_read_ahead(blocks, k, dtype):
     whose ends cut a pack (20, 60, 100 columns, in rows padded to a multiple of 8 so that the
     packs stay vectors) read that pack element by element, mask bytes included. A mask whose rows
     are padded the same way is read a word a pack; one with a column stride of 2, or starting one
-    byte in, byte by byte. 3 x 37 rows leave the last step's rows partly dead. One block walks
+    byte in, byte by byte. Any nonzero byte of a boolean mask keeps its column (bytes of 2, 0x80
+    and 0xff, seen as bool). 3 x 37 rows leave the last step's rows partly dead. One block walks
     every step; the full grid takes about one step a warp, with nothing left to read ahead."""
     g = rng()
     b, q = 3, 37
@@ -187,7 +188,7 @@ def test_rows_read_ahead(blocks, k, dtype):
     m_host = g.random((b, 1, 2 * kp + 1)) > 0.3
     m_dev = cupy.asarray(m_host)
     masks = {"none": None, "padded rows": (slice(0, kp), slice(0, k)), "column stride 2": (slice(0, 2 * k, 2),),
-             "one byte in": (slice(1, k + 1),)}
+             "one byte in": (slice(1, k + 1),), "bytes 1, 2, 0x80, 0xff": (slice(0, kp), slice(0, k))}
     # The plan of the padded rows (the contiguous plan of kp columns: the same group and packs).
     plan = _ops.plan((b * q, kp), dtype, causal_queries=q, mask=True, blocks=blocks)
     assert plan["family"] == "warp" and plan["pack"] > 1 and plan["stage"] == 0, plan
@@ -199,6 +200,9 @@ def test_rows_read_ahead(blocks, k, dtype):
                 m, md = m[:, :, c], md[:, :, c]
             if name == "padded rows":
                 md = cupy.ascontiguousarray(m_dev[:, :, :kp])[:, :, :k]
+            elif name.startswith("bytes"):
+                raw = numpy.where(m_host[:, :, :kp], g.choice(numpy.array([1, 2, 0x80, 0xFF], numpy.uint8), (b, 1, kp)), 0)
+                md = cupy.asarray(raw.astype(numpy.uint8)).view(cupy.bool_)[:, :, :k]
         out = poisoned(x64.shape, dtype)
         y = _ops.forward(to_device(x64, dtype)[:, :, :k], scale=0.7, mask=md, causal=True, blocks=blocks,
                          out=out[:, :, :k])
