@@ -388,9 +388,9 @@ template <typename T, int kMask> struct ForwardOp {
   // (at 128, ptxas gave bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing
   // spills), 85 (6 blocks) for the boolean one, where the staged 16-bit medium rows spill 12-16
   // bytes and still beat 5 blocks (H200: attention pad S = 1024 81% -> 82%, rows of 1024 with a
-  // mask and causal 76% -> 80%). The read-ahead ops (kPipe) take 7 (72 registers): the rows of
-  // 32 read ahead need them (above), and their staged wide lanes ran faster at 72 than at the 74-75
-  // ptxas gave them at 85 (H200, rows of 128 with a padding mask and causal limit 98.9% ->
+  // mask and causal 76% -> 80%). The read-ahead ops (kPipe) take 7 (72 registers, 8 bytes of
+  // spill): the rows of 32 read ahead need them (above), and their staged wide lanes ran faster at
+  // 72 than at the 74-75 ptxas gave them at 85 (H200, rows of 128 with a padding mask and causal limit 98.9% ->
   // 101.5% of copy bandwidth, bfloat16 98.1 -> 100.7).
   static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : kPipe ? 7 : 6;
   static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;

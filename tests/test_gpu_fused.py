@@ -176,22 +176,28 @@ def test_rows_read_ahead(blocks, k, dtype):
     """rows_warp reads 16-bit rows under a causal limit one step ahead (ForwardOp::kPipe): each
     step's logits and mask words are loaded in the step before and turned into values there. Rows
     whose ends cut a pack (20, 60, 100 columns, in rows padded to a multiple of 8 so that the
-    packs stay vectors) read that pack element by element, mask bytes included. A mask whose rows
-    are padded the same way is read a word a pack; one with a column stride of 2, or starting one
-    byte in, byte by byte. Any nonzero byte of a boolean mask keeps its column (bytes of 2, 0x80
-    and 0xff, seen as bool). 3 x 37 rows leave the last step's rows partly dead. One block walks
-    every step; the full grid takes about one step a warp, with nothing left to read ahead."""
+    packs stay vectors; the padding is NaN, so that a column read past the row's end shows) read
+    that pack element by element, mask bytes included: more queries than keys, so that the last
+    queries' limits reach the row's end. A mask whose rows are padded the same way is read a word
+    a pack; one with a column stride of 2, or starting one byte in, byte by byte. Any nonzero byte
+    of a boolean mask keeps its column (bytes of 2, 0x80 and 0xff, seen as bool). One block walks
+    4 steps or more (the last one's rows partly dead); the full grid takes about one step a warp,
+    with nothing left to read ahead."""
     g = rng()
-    b, q = 3, 37
+    b, q = 12, max(37, k + 3)
     kp = -(-k // 8) * 8
     x64 = rounded(g.standard_normal((b, q, kp)) * 3, dtype)
+    xd = to_device(numpy.where(numpy.arange(kp) < k, x64, numpy.nan), dtype)
     m_host = g.random((b, 1, 2 * kp + 1)) > 0.3
     m_dev = cupy.asarray(m_host)
     masks = {"none": None, "padded rows": (slice(0, kp), slice(0, k)), "column stride 2": (slice(0, 2 * k, 2),),
              "one byte in": (slice(1, k + 1),), "bytes 1, 2, 0x80, 0xff": (slice(0, kp), slice(0, k))}
-    # The plan of the padded rows (the contiguous plan of kp columns: the same group and packs).
+    # The plan of the padded rows (that of kp contiguous columns: the same group and packs).
     plan = _ops.plan((b * q, kp), dtype, causal_queries=q, mask=True, blocks=blocks)
     assert plan["family"] == "warp" and plan["pack"] > 1 and plan["stage"] == 0, plan
+    if blocks:
+        per_step = plan["blocks"] * plan["threads"] // plan["group"] * plan["rows_per_group"]
+        assert -(-b * q // per_step) >= WALK_MIN_STEPS, plan
     for name, cut in masks.items():
         m = md = None
         if cut is not None:
@@ -204,8 +210,7 @@ def test_rows_read_ahead(blocks, k, dtype):
                 raw = numpy.where(m_host[:, :, :kp], g.choice(numpy.array([1, 2, 0x80, 0xFF], numpy.uint8), (b, 1, kp)), 0)
                 md = cupy.asarray(raw.astype(numpy.uint8)).view(cupy.bool_)[:, :, :k]
         out = poisoned(x64.shape, dtype)
-        y = _ops.forward(to_device(x64, dtype)[:, :, :k], scale=0.7, mask=md, causal=True, blocks=blocks,
-                         out=out[:, :, :k])
+        y = _ops.forward(xd[:, :, :k], scale=0.7, mask=md, causal=True, blocks=blocks, out=out[:, :, :k])
         assert_close(to_host64(y), ref_softmax(x64[:, :, :k], 0.7, m, causal=True), dtype,
                      f"{name} blocks={blocks} seed={g.seed}")
         assert numpy.all(numpy.isnan(to_host64(out)[:, :, k:])), "wrote past the row's end"

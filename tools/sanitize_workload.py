@@ -49,9 +49,15 @@ step("fused mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep, causa
 step("fused additive mask", lambda: pysoftmax.fused(s, mask=arr((40, 40), "float32")))
 step("fused strided mask", lambda: pysoftmax.fused(s, mask=arr((40, 80), "float16")[:, ::2]))
 # 16-bit rows under a causal limit are read a step ahead (ForwardOp::kPipe), their boolean mask a
-# word a pack where it is contiguous and aligned, else byte by byte: a column stride of 2.
+# word a pack where it is contiguous and aligned, else byte by byte (a column stride of 2). Rows of
+# 20 in rows padded to 24 (vector packs; the row's end cuts one, read element by element, reached
+# by the queries past the 20th), one block walking 10 steps.
 keep2 = cupy.asarray(rng.random((2, 1, 1, 80)) > 0.3)[..., ::2]
 step("fused strided boolean mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep2, causal=True))
+xp = arr((16, 40, 24), "float16")[..., :20]
+keep3 = cupy.asarray(rng.random((16, 1, 40)) > 0.3)[..., ::2]
+step("read ahead, cut pack, strided mask, 1 block",
+     lambda: _ops.forward(xp, scale=0.5, mask=keep3, causal=True, blocks=1))
 
 # Enough rows that every staged register family walks a second row per block or warp: the copy
 # of the next rows into shared memory overlaps the current ones (rows > the grid's blocks, 4224
