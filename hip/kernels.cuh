@@ -806,6 +806,8 @@ template <typename T, int kMask> struct ForwardOp {
       const Bits b = f.bits[j] & (~Bits{0} >> (8 * (kPack - n)));
 #pragma unroll
       for (int w = 0; w < kPack / 2; ++w) {
+        // Bytes 2w and 2w + 1 of the pack's bits to bytes 0 and 2 of a word, bytes 1 and 3 from
+        // the zero operand (PRMT selector nibble 4: its byte 0).
         const uint32_t word = static_cast<uint32_t>(b >> (32 * (2 * w / 4)));
         const uint32_t sel = ((2 * w) % 4) | 0x40u | (((2 * w) % 4 + 1) << 8) | 0x4000u;
         const uint32_t keep = nonzero_halves(__byte_perm(word, 0u, sel));
