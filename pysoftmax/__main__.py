@@ -1,4 +1,4 @@
-"""Command line: ``python -m pysoftmax info`` and ``python -m pysoftmax bench`` (the main job)."""
+"""Command line: ``python -m pysoftmax info|bench|plot|gate|hostcost|gpt`` (``bench`` is the main job)."""
 
 import argparse
 import sys
@@ -92,6 +92,34 @@ def gate(args):
         return 3
 
 
+def hostcost(args):
+    if not _gpu_or_exit("hostcost"):
+        return 2
+    import json
+
+    from . import _hostcost
+
+    rows = _hostcost.run()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(_hostcost.table(rows))
+    return 0
+
+
+def gpt(args):
+    import os
+    import runpy
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_gpt.py")
+    if not os.path.exists(script):
+        print(f"gpt: {script} not found (the example lives in the repository, not the package)", file=sys.stderr)
+        return 2
+    sys.argv = [script] + args.gpt_args
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
 def main(argv=None):
     from . import _gate  # standard library only: no GPU or CuPy needed to build the parser
 
@@ -116,6 +144,12 @@ def main(argv=None):
                    help=f"--benchmark-compare-fail value (default {_gate.THRESHOLD.replace('%', '%%')})")
     g.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     g.set_defaults(fn=gate)
+    h = sub.add_parser("hostcost", help="host microseconds per small call: CuPy, torch eager and compiled, torch.softmax")
+    h.add_argument("--json", help="write the rows to this JSON file")
+    h.set_defaults(fn=hostcost)
+    t = sub.add_parser("gpt", help="train a small GPT with pysoftmax's and torch's softmax (examples/train_gpt.py)")
+    t.add_argument("gpt_args", nargs=argparse.REMAINDER, help="arguments of examples/train_gpt.py")
+    t.set_defaults(fn=gpt)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -58,6 +58,8 @@ class _Arr:
         if self.cp is not None:
             return self.cp.device.id
         _need_cupy()
+        if self.ptr == 0 and self.size == 0:  # an empty array need not name any memory
+            return cupy.cuda.runtime.getDevice()
         try:
             return cupy.cuda.runtime.pointerGetAttributes(self.ptr).device
         except Exception as e:  # no driver, no GPU, or a pointer the runtime does not know
@@ -87,6 +89,12 @@ def _from_cupy(a, arr):
     return a
 
 
+def _cupy_meta(arr, name):
+    a = _Arr()
+    a.name = name
+    return _from_cupy(a, arr)
+
+
 def _known_typestr(typestr):
     try:
         return numpy.dtype(typestr).kind in "fcbiu"
@@ -94,8 +102,40 @@ def _known_typestr(typestr):
         return False
 
 
-def _arr(obj, name):
-    """Read a device array argument; TypeError if `obj` is not one."""
+# DLPack device types of GPU memory (dlpack.h: kDLCUDA, kDLCUDAManaged, kDLROCM) and of host memory.
+_DLPACK_GPU = (2, 10, 13)
+_DLPACK_HOST = (1, 3, 11)
+
+
+def _dlpack_device(obj):
+    try:
+        return tuple(obj.__dlpack_device__())
+    except Exception:  # an older producer: CuPy decides
+        return None, None
+
+
+def _import_dlpack(obj, kind, device, stream):
+    """A CuPy view of `obj` through DLPack, asked for on the stream the launch will use: the
+    producer then orders that stream after its pending work on `obj` (DLPack's stream handshake;
+    an event, never a host sync)."""
+    if kind not in _DLPACK_GPU:
+        return cupy.from_dlpack(obj)
+    with cupy.cuda.Device(device):
+        launch_stream = _resolve_stream(stream, device)[1]
+        if launch_stream is None:  # CuPy's current stream: the one from_dlpack hands the producer
+            return cupy.from_dlpack(obj)
+        with launch_stream:
+            return cupy.from_dlpack(obj)
+
+
+def _arr(obj, name, stream=None):
+    """Read a device array argument; TypeError if `obj` is not one.
+
+    CuPy arrays are used as they are. Other objects with ``__dlpack__`` are imported through
+    DLPack for the launch `stream` (see _import_dlpack): PyTorch's ``__cuda_array_interface__``
+    names no stream, so only the handshake orders the launch after a torch side stream's work.
+    Objects with ``__cuda_array_interface__`` alone are read from it (v3's stream is waited on
+    before the launch); so is an empty array, which has nothing to order."""
     a = _Arr()
     a.name = name
     if cupy is not None and isinstance(obj, cupy.ndarray):
@@ -105,11 +145,17 @@ def _arr(obj, name):
             f"{name}: expected a device array (CuPy, or an object with __cuda_array_interface__ or __dlpack__), "
             f"got {type(obj).__module__}.{type(obj).__name__} in host memory; move it with cupy.asarray()"
         )
+    if getattr(obj, "requires_grad", False) is True:
+        raise TypeError(
+            f"{name}: is a tensor that requires grad, and this CuPy-facing function records no gradient; "
+            "use pysoftmax.torch.softmax (autograd, torch.compile, CUDA graphs), or pass it .detach()ed"
+        )
     try:
         cai = obj.__cuda_array_interface__
     except (AttributeError, TypeError, RuntimeError, ValueError):  # absent, or refused (torch bfloat16)
         cai = None
-    if cai is not None and hasattr(obj, "__dlpack__") and not _known_typestr(cai.get("typestr")):
+    dlpack = hasattr(obj, "__dlpack__")
+    if cai is not None and dlpack and not _known_typestr(cai.get("typestr")):
         cai = None  # e.g. torch bfloat16 exports '<V2' here; DLPack names the type
     if cai is not None:
         a.cp = None
@@ -130,12 +176,19 @@ def _arr(obj, name):
             strides = tuple(reversed(strides))
         a.strides = tuple(int(s) for s in strides)
         a.producer_stream = cai.get("stream")
-        return a
-    if hasattr(obj, "__dlpack__"):
+        if not dlpack or a.size == 0:
+            return a
+    if dlpack:
+        kind, device = _dlpack_device(obj)
+        if kind in _DLPACK_HOST:
+            raise TypeError(f"{name}: expected a device array, got {type(obj).__module__}.{type(obj).__name__} "
+                            "in host memory; move it to the GPU first")
         _need_cupy()
         try:
-            arr = cupy.from_dlpack(obj)
+            arr = _import_dlpack(obj, kind, device, stream)
         except Exception as e:
+            if cai is not None:
+                return a  # the interface's metadata (and its stream, if it names one) instead
             raise TypeError(f"{name}: could not import it through DLPack ({e})") from e
         return _from_cupy(a, arr)
     raise TypeError(
@@ -151,24 +204,30 @@ def _dtype_code(a, table=_DTYPES, expected=_EXPECTED_DTYPES):
     return code
 
 
-def _row_stride(a):
-    """Elements between consecutive rows when every row starts one fixed stride after the last
-    and the last axis is unit-stride; None when the kernels cannot walk the array as it is."""
-    item = a.dtype.itemsize
-    shape, strides = a.shape, a.strides
+def walk_stride(shape, strides):
+    """Elements between consecutive rows of an array of `shape` with element `strides`, when
+    every row starts one fixed stride after the last and the last axis is unit-stride; None when
+    the kernels cannot walk it as it is. Axes of length 1 never matter."""
     if not shape:
         return 1
-    if shape[-1] > 1 and strides[-1] != item:
+    if shape[-1] > 1 and strides[-1] != 1:
         return None
     # Leading axes longer than 1, innermost first: each must step over the whole of the next.
     lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n > 1][::-1]
     if not lead:
         return max(shape[-1], 1)
-    row = lead[0][1]
     for (n_in, s_in), (_, s_out) in zip(lead, lead[1:]):
         if s_out != s_in * n_in:
             return None
-    return None if row % item else row // item
+    return lead[0][1]
+
+
+def _row_stride(a):
+    """walk_stride() of a device array argument, whose strides are in bytes."""
+    item = a.dtype.itemsize
+    if any(s % item for n, s in zip(a.shape, a.strides) if n > 1):
+        return None
+    return walk_stride(a.shape, [s // item for s in a.strides])
 
 
 def _scale(scale, name="scale"):
@@ -214,23 +273,24 @@ def _check_out(out, inputs):
             raise ValueError(f"out: overlaps {a.name} without being {a.name} itself (in place needs out={a.name})")
 
 
-def _mask_layout(m, xshape):
-    """Broadcast the mask to x.shape through strides. Returns (col_stride, [(size, stride)...]) in
-    elements over the row index, merged where consecutive axes allow, or raises ValueError."""
-    nd, md = len(xshape), len(m.shape)
+def mask_layout(name, mshape, mstrides, xshape):
+    """Broadcast a mask of `mshape` to x.shape through strides (in elements). Returns
+    (col_stride, [(size, stride)...]) over the row index, merged where consecutive axes allow;
+    None when `mstrides` is None (strides that are not whole elements: the caller copies the
+    mask). Raises ValueError naming `name` when the shapes do not broadcast."""
+    nd, md = len(xshape), len(mshape)
     if md > nd:
-        raise ValueError(f"mask: shape {m.shape} has more dimensions than x.shape {xshape}")
-    shape = (1,) * (nd - md) + tuple(m.shape)
+        raise ValueError(f"{name}: shape {tuple(mshape)} has more dimensions than x.shape {tuple(xshape)}")
+    shape = (1,) * (nd - md) + tuple(mshape)
     for d in range(nd):
         if shape[d] != xshape[d] and shape[d] != 1:
             raise ValueError(
-                f"mask: shape {m.shape} does not broadcast to x.shape {xshape} "
+                f"{name}: shape {tuple(mshape)} does not broadcast to x.shape {tuple(xshape)} "
                 f"(axis {d - nd}: {shape[d]} vs {xshape[d]}; expected 1 or {xshape[d]})"
             )
-    item = m.dtype.itemsize
-    if any(s % item for s in m.strides):
-        return None  # strides between elements: the caller copies the mask
-    strides = (0,) * (nd - md) + tuple(s // item for s in m.strides)
+    if mstrides is None:
+        return None
+    strides = (0,) * (nd - md) + tuple(mstrides)
     strides = [0 if shape[d] == 1 else strides[d] for d in range(nd)]
     dims = []
     for d in range(nd - 1):
@@ -245,6 +305,22 @@ def _mask_layout(m, xshape):
     for n in xshape[:-1]:
         rows *= n
     return strides[-1] if nd else 0, dims or [(rows, 0)]
+
+
+def _mask_layout(m, xshape):
+    """mask_layout() of a device array argument, whose strides are in bytes."""
+    item = m.dtype.itemsize
+    strides = None if any(s % item for s in m.strides) else [s // item for s in m.strides]
+    return mask_layout(m.name, m.shape, strides, xshape)
+
+
+def set_mask(p, layout, ptr, code):
+    """Fill the problem's mask fields from a mask_layout() result."""
+    p.mask, p.mask_dtype = ptr, code
+    p.mask_col_stride = layout[0]
+    p.mask_ndim = len(layout[1])
+    for d, (n, s) in enumerate(layout[1]):
+        p.mask_shape[d], p.mask_stride[d] = n, s
 
 
 def _resolve_stream(stream, device):
@@ -362,84 +438,140 @@ def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family,
 
 
 # ---------------------------------------------------------------------------------------------
-# The fast path: C-contiguous CuPy arrays on the current device and stream, no mask, no overrides.
-# Such a call needs none of the general path's interface parsing, copies or context switches;
-# its problem struct and workspace size are built once per (direction, algorithm, shape, dtype,
-# alignment) and kept per thread, so a call costs a few attribute reads and the C call. Anything
-# else (or anything this path is unsure of) returns None and takes the general path, which
-# raises the same errors it always has.
+# The fast path: CuPy arrays on the current device and stream, walkable as they are (one row
+# stride, unit-stride last axis), with or without a mask, no overrides. Such a call needs none of
+# the general path's interface parsing, copies or context switches: everything that can be
+# decided from metadata (validation, the mask's layout, the problem struct, the workspace size)
+# is decided once per key (direction, algorithm, shapes, strides, dtypes, devices, scale, causal,
+# alignment) and kept per thread, so a call costs a dictionary look-up, the pointers and the C
+# call. Anything else, or anything the planner refuses, takes the general path, which raises the
+# errors it always has.
 
 _fast_local = threading.local()
 _FAST_CACHE_MAX = 256
 # Bytes of the kernels' vector access (kPackBytes, hip/kernels.cuh): pointers aligned to it take
 # another plan than the others, so the fast path's cache keys on it.
 _PACK_BYTES = 16
+_NOT_FAST = object()  # a key the general path takes
 
 
-def _fast_code(a):
-    """The dtype code of a C-contiguous, non-empty CuPy ndarray (and its device), else None."""
-    if type(a) is not _ndarray or not a.flags.c_contiguous or a.size == 0 or a.ndim == 0:
-        return None
-    return _DTYPES.get(a.dtype.name)
+class _FastEntry:
+    __slots__ = ("p", "ref", "ws_bytes", "launch")
 
 
-def _fast(direction, algo, inputs, out, scale, causal):
+def _fast_plan(direction, algo, inputs, mask, out, scale, causal, ptrs, mptr):
+    """The cached part of a fast call, or _NOT_FAST where the general path must decide."""
     x = inputs[0]
-    code = _fast_code(x)
-    if code is None or type(scale) not in (float, int) or (causal and x.ndim < 2):
+    shape = x.shape
+    code = _DTYPES.get(x.dtype.name)
+    if code is None or x.size == 0 or x.ndim == 0 or (causal and x.ndim < 2):
+        return _NOT_FAST
+    dev = x.data.device_id
+    operands = list(inputs) + ([out] if out is not None else [])
+    strides = []
+    for a in operands:
+        if a.shape != shape or a.dtype != x.dtype or a.data.device_id != dev:
+            return _NOT_FAST
+        stride = _row_stride(_cupy_meta(a, "x"))
+        if stride is None:
+            return _NOT_FAST
+        strides.append(stride)
+    if out is not None and _elements_may_share_memory(_cupy_meta(out, "out")):
+        return _NOT_FAST
+    p = _lib.Problem()
+    p.algo, p.dtype = algo, code
+    p.rows, p.cols = _rows_cols(shape)
+    p.x_row_stride = strides[0]
+    if len(inputs) > 1:
+        p.dy_row_stride = strides[1]
+    p.out_row_stride = strides[-1] if out is not None else shape[-1]
+    p.causal_queries = shape[-2] if causal else 0
+    p.scale = scale
+    p.x, p.out = ptrs[0], (ptrs[0] if out is None else out.data.ptr)  # alignment is all the planner reads
+    if len(inputs) > 1:
+        p.dy = ptrs[1]
+    if mask is not None:
+        mcode = _MASK_DTYPES.get(mask.dtype.name)
+        if mcode is None or mask.data.device_id != dev:
+            return _NOT_FAST
+        try:
+            layout = _mask_layout(_cupy_meta(mask, "mask"), shape)
+        except ValueError:
+            return _NOT_FAST
+        if layout is None or len(layout[1]) > _lib.MAX_DIMS:
+            return _NOT_FAST
+        set_mask(p, layout, mptr, mcode)
+    nbytes = ctypes.c_int64(0)
+    if _lib.lib().softmax_workspace_size(ctypes.byref(p), direction, ctypes.byref(nbytes)) != 0:
+        return _NOT_FAST
+    e = _FastEntry()
+    e.p, e.ref, e.ws_bytes = p, ctypes.byref(p), nbytes.value
+    e.launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
+    return e
+
+
+def _fast(direction, algo, inputs, mask, out, scale, causal):
+    x = inputs[0]
+    if type(x) is not _ndarray or type(scale) not in (float, int) or type(causal) is not bool:
         return None
-    shape, dtype = x.shape, x.dtype
+    dev = x.data.device_id
+    if dev != cupy.cuda.runtime.getDevice():
+        return None
+    xptr = x.data.ptr
+    key = (direction, algo, x.shape, x.strides, x.dtype, dev, scale, causal)
+    ptrs = [xptr]
+    align = xptr
     for a in inputs[1:]:
-        if _fast_code(a) != code or a.shape != shape:
+        if type(a) is not _ndarray:
             return None
-    device = x.device.id
-    if device != cupy.cuda.runtime.getDevice() or any(a.device.id != device for a in inputs[1:]):
-        return None
-    ptrs = [a.data.ptr for a in inputs]
+        ptr = a.data.ptr
+        ptrs.append(ptr)
+        align |= ptr
+        key += (a.shape, a.strides, a.dtype, a.data.device_id)
+    mptr = 0
+    if mask is not None:
+        if type(mask) is not _ndarray:
+            return None
+        mptr = mask.data.ptr
+        key += (mask.shape, mask.strides, mask.dtype, mask.data.device_id, not mptr % _PACK_BYTES)
     if out is not None:
-        # Equal strides too: a same-pointer `out` that differs on size-1 axes is the general
-        # path's to refuse.
-        if _fast_code(out) != code or out.shape != shape or out.strides != x.strides or out.device.id != device:
+        if type(out) is not _ndarray:
             return None
         optr = out.data.ptr
+        align |= optr
         hi = optr + out.nbytes
         for a, ptr in zip(inputs, ptrs):  # in place is fine; a partial overlap is the general path's error
             if ptr != optr and ptr < hi and optr < ptr + a.nbytes:
                 return None
-    else:
-        out = cupy.empty(shape, dtype=dtype)
-        optr = out.data.ptr
-    aligned = not (optr | ptrs[0] | (ptrs[1] if len(ptrs) > 1 else 0)) % _PACK_BYTES
+            if ptr == optr and a.strides != out.strides:
+                return None
+        key += (out.shape, out.strides, out.dtype, out.data.device_id)
+    key += (not align % _PACK_BYTES,)
     cache = getattr(_fast_local, "cache", None)
     if cache is None:
         cache = _fast_local.cache = {}
-    # Plans depend on the GPU, and the forward's on the scale (folded into the exponent or not).
-    key = (direction, algo, shape, code, aligned, bool(causal), device, scale)
-    entry = cache.get(key)
-    if entry is None:
+    e = cache.get(key)
+    if e is None:
         if len(cache) >= _FAST_CACHE_MAX:
             cache.clear()
-        p = _lib.Problem()
-        p.algo, p.dtype = algo, code
-        p.rows, p.cols = _rows_cols(shape)
-        p.x_row_stride = p.dy_row_stride = p.out_row_stride = shape[-1]
-        p.causal_queries = shape[-2] if causal else 0
-        p.x, p.out, p.scale = ptrs[0], optr, scale
-        if len(ptrs) > 1:
-            p.dy = ptrs[1]
-        nbytes = ctypes.c_int64(0)
-        _lib.check(_lib.lib().softmax_workspace_size(ctypes.byref(p), direction, ctypes.byref(nbytes)))
-        launch = _lib.lib().softmax_forward if direction == _lib.FORWARD else _lib.lib().softmax_backward
-        entry = cache[key] = (p, nbytes.value, launch)
-    p, ws_bytes, launch = entry
-    p.x, p.out = ptrs[0], optr  # the scale is part of the key: p already carries it
+        e = cache[key] = _fast_plan(direction, algo, inputs, mask, out, scale, causal, ptrs, mptr)
+    if e is _NOT_FAST:
+        return None
+    if out is None:
+        out = cupy.empty(x.shape, dtype=x.dtype)
+    p = e.p
+    p.x, p.out = xptr, out.data.ptr
     if len(ptrs) > 1:
         p.dy = ptrs[1]
+    if mask is not None:
+        p.mask = mptr
     ws = None
-    if ws_bytes:
-        ws = cupy.empty(ws_bytes, dtype=numpy.uint8)
-        p.workspace, p.workspace_bytes = ws.data.ptr, ws_bytes
-    _lib.check(launch(ctypes.byref(p), ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)))
+    if e.ws_bytes:
+        ws = cupy.empty(e.ws_bytes, dtype=numpy.uint8)
+        p.workspace, p.workspace_bytes = ws.data.ptr, e.ws_bytes
+    status = e.launch(e.ref, cupy.cuda.get_current_stream().ptr)
+    if status:
+        _lib.check(status)
     del ws  # stream-ordered pool: reused only after the queued work
     return out
 
@@ -468,12 +600,12 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
     `family`, `chunks`, `threads` and `blocks` (a grid cap) override the dispatcher (tests and
     tools/tune.py)."""
     _check_blocks(blocks)
-    if (mask is None and stream is None and axis == -1 and type(axis) is int
-            and family == chunks == threads == blocks == 0 and type(causal) is bool and cupy is not None):
-        y = _fast(_lib.FORWARD, algo, (x,), out, scale, causal)
+    if (stream is None and axis == -1 and type(axis) is int and family == chunks == threads == blocks == 0
+            and cupy is not None):
+        y = _fast(_lib.FORWARD, algo, (x,), mask, out, scale, causal)
         if y is not None:
             return y
-    xa = _arr(x, "x")
+    xa = _arr(x, "x", stream)
     code = _dtype_code(xa)
     ndim = len(xa.shape)
     axis = _axis(axis, ndim)
@@ -484,12 +616,12 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
         raise ValueError(f"causal: needs x with at least 2 dimensions (queries, keys), got shape {xa.shape}")
     oa = None
     if out is not None:
-        oa = _arr(out, "out")
+        oa = _arr(out, "out", stream)
         _check_same(xa, oa)
         _check_out(oa, [xa])
     ma, mcode, layout = None, _lib.NONE, None
     if mask is not None:
-        ma = _arr(mask, "mask")
+        ma = _arr(mask, "mask", stream)
         mcode = _dtype_code(ma, _MASK_DTYPES, "bool (True keeps) or a float dtype (added to the logits)")
         layout = _mask_layout(ma, xa.shape)
     if ndim and axis != ndim - 1:
@@ -517,11 +649,7 @@ def forward(x, *, algo=_lib.ALGO_FUSED, axis=-1, scale=1.0, mask=None, causal=Fa
                 state["mask"] = cupy.ascontiguousarray(cupy.broadcast_to(ma.cupy(), xa.shape))
                 m = _arr(state["mask"], "mask")
                 lay = _mask_layout(m, xa.shape)
-            p.mask, p.mask_dtype = m.ptr, mcode
-            p.mask_col_stride = lay[0]
-            p.mask_ndim = len(lay[1])
-            for d, (n, s) in enumerate(lay[1]):
-                p.mask_shape[d], p.mask_stride[d] = n, s
+            set_mask(p, lay, m.ptr, mcode)
         return arrays, state
 
     shape = xa.shape
@@ -533,17 +661,17 @@ def backward_impl(y, dy, *, algo=_lib.ALGO_FUSED, scale=1.0, out=None, stream=No
     """Backward softmax with every option; `backward` and `naive_backward` are views of this."""
     _check_blocks(blocks)
     if stream is None and family == chunks == threads == blocks == 0 and cupy is not None:
-        dx = _fast(_lib.BACKWARD, algo, (y, dy), out, scale, False)
+        dx = _fast(_lib.BACKWARD, algo, (y, dy), None, out, scale, False)
         if dx is not None:
             return dx
-    ya = _arr(y, "y")
+    ya = _arr(y, "y", stream)
     code = _dtype_code(ya)
-    da = _arr(dy, "dy")
+    da = _arr(dy, "dy", stream)
     _check_same(ya, da)
     scale = _scale(scale)
     oa = None
     if out is not None:
-        oa = _arr(out, "out")
+        oa = _arr(out, "out", stream)
         _check_same(ya, oa)
         _check_out(oa, [ya, da])
 

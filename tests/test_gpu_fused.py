@@ -502,3 +502,36 @@ def test_backward_strided_and_streams():
     assert_grad_close(cupy.asnumpy(dx), y64, dy64[:, ::2], 1.0, "float64", "strided dy")
     with pytest.raises(ValueError, match="dy"):
         pysoftmax.backward(cupy.asarray(y64), cupy.asarray(dy64))
+
+
+def test_fast_path_keys_every_layout():
+    """The CuPy fast path keeps one plan per (shapes, strides, dtypes, alignment, scale, causal):
+    calls that alternate between layouts of the same x shape must each get their own plan. The
+    masks below differ from call to call in shape, strides, dtype and alignment (one offset by an
+    element), and x in alignment; each result is checked, twice round."""
+    g = rng()
+    x64 = rounded(g.standard_normal((2, 3, 24, 40)) * 3, "float16")
+    x = to_device(x64, "float16")
+    xoff_buf = to_device(numpy.concatenate([numpy.zeros(1), x64.ravel()]), "float16")
+    x_unaligned = xoff_buf[1:].reshape(x64.shape)  # same values, 2 bytes off the 16-byte pack
+    pad = g.random((2, 1, 1, 41)) > 0.3
+    pad_dev = cupy.asarray(pad)
+    bias = rounded(g.standard_normal((3, 24, 80)), "float32")
+    bias_dev = cupy.asarray(bias, dtype=cupy.float32)
+    masks = [
+        ("none", None, None),
+        ("padding", pad[..., :40], pad_dev[..., :40]),
+        ("padding one byte in", pad[..., 1:], pad_dev[..., 1:]),
+        ("strided float", bias[..., ::2], bias_dev[..., ::2]),
+        ("float column", bias[..., :1], bias_dev[..., :1]),
+    ]
+    for _ in range(2):
+        for xin in (x, x_unaligned):
+            for scale, causal in ((1.0, False), (0.3, True)):
+                for name, m_host, m in masks:
+                    y = pysoftmax.fused(xin, scale=scale, mask=m, causal=causal)
+                    ref = ref_softmax(x64, scale, m_host, causal)
+                    assert_close(to_host64(y), ref, "float16", f"{name} scale={scale} causal={causal} seed={g.seed}")
+                    out = poisoned(x64.shape, "float16")
+                    assert pysoftmax.fused(xin, scale=scale, mask=m, causal=causal, out=out) is out
+                    assert_close(to_host64(out), ref, "float16", f"out= {name} seed={g.seed}")

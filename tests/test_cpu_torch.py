@@ -1,0 +1,148 @@
+"""pysoftmax.torch without a GPU: import isolation, and the operators' registration, fake kernels,
+autograd formulas and torch.compile tracing, checked through a float64 CPU stand-in kernel.
+
+The stand-in is registered for the CPU key only for the length of a test (its Library object is
+destroyed after), and the eager path is sent through the dispatcher, so what is exercised is the
+schema, the fake kernels, the formulas and the wrapper's argument handling; the CUDA kernels are
+tests/test_gpu_torch.py's.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch face's CPU tests skip")
+
+import pysoftmax.torch as pst  # noqa: E402
+from pysoftmax import torch as face  # noqa: E402
+
+
+def test_import_pysoftmax_does_not_import_torch():
+    code = "import sys, pysoftmax; pysoftmax.fused; print('torch' in sys.modules, 'jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def _stand_in_forward(x, mask, scale, causal, algorithm):
+    z = x.double() * scale
+    if mask is not None:
+        z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask.double()
+    if causal:
+        q, k = z.shape[-2], z.shape[-1]
+        z = z.masked_fill(torch.ones(q, k, dtype=torch.bool).triu(1), float("-inf"))
+    m = z.amax(-1, keepdim=True) if z.shape[-1] else z.sum(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = (z - m).exp()
+    s = e.sum(-1, keepdim=True)
+    return torch.where(s == 0, torch.zeros_like(e), e / s).to(x.dtype).contiguous()
+
+
+def _stand_in_backward(y, dy, scale):
+    return (scale * y * (dy - (dy * y).sum(-1, keepdim=True))).contiguous()
+
+
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    lib = torch.library.Library("pysoftmax", "IMPL")
+    lib.impl("softmax", _stand_in_forward, "CPU")
+    lib.impl("softmax_backward", _stand_in_backward, "CPU")
+    real = face._check_tensor
+
+    def anywhere(t, name, *args, **kwargs):  # the stand-in runs on the CPU; everything else is checked
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            return real(t, name, *args, **dict(kwargs, like=t))
+        return real(t, name, *args, **kwargs)
+
+    monkeypatch.setattr(face, "_check_tensor", anywhere)
+    monkeypatch.setattr(face, "_direct", lambda x, mask: False)
+    yield
+    lib._destroy()
+
+
+def _x(*shape, dtype=torch.float64, grad=True):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("case", ["plain", "scale", "bool-causal", "float-mask-grad", "float-mask", "nonsquare-causal",
+                                  "strided", "one-column", "empty"])
+def test_opcheck_forward(cpu_kernels, case):
+    x = _x(2, 3, 5, 7)
+    args = {
+        "plain": (x, None, 1.0, False, "fused"),
+        "scale": (x, None, 0.3, False, "online"),
+        "bool-causal": (x, torch.rand(2, 1, 1, 7) > 0.3, 1.0, True, "fused"),
+        "float-mask-grad": (x, _x(3, 1, 7), 0.7, True, "fused"),
+        "float-mask": (x, _x(5, 7, grad=False), 0.7, False, "fused"),
+        "nonsquare-causal": (_x(2, 9, 4), None, 1.0, True, "fused"),
+        "strided": (_x(4, 16, grad=False)[:, ::2].detach().requires_grad_(True), None, 2.0, False, "fused"),
+        "one-column": (_x(6, 1), None, 1.0, False, "fused"),
+        "empty": (_x(0, 5), None, 1.0, False, "fused"),
+    }[case]
+    torch.library.opcheck(torch.ops.pysoftmax.softmax.default, args)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_opcheck_backward(cpu_kernels, grad):
+    y = pst.softmax(_x(3, 4, 6, grad=False), scale=0.5).detach().requires_grad_(grad)
+    dy = _x(3, 4, 6, grad=grad)
+    torch.library.opcheck(torch.ops.pysoftmax.softmax_backward.default, (y, dy, 0.5))
+
+
+def test_gradcheck_with_learned_bias(cpu_kernels):
+    x, bias = _x(2, 3, 5, 5), _x(3, 1, 5)
+    f = lambda x, b: pst.softmax(x, scale=0.7, mask=b, causal=True)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, bias))
+    assert torch.autograd.gradgradcheck(f, (x, bias))
+
+
+def test_gradcheck_other_dim(cpu_kernels):
+    x, bias = _x(4, 3, 5), _x(3, 1)
+    assert torch.autograd.gradcheck(lambda x, b: pst.softmax(x, 1, scale=0.7, mask=b), (x, bias))
+
+
+def test_fully_masked_rows_give_zero_and_zero_grad(cpu_kernels):
+    x = _x(3, 4)
+    keep = torch.tensor([[True] * 4, [False] * 4, [True, False, True, False]])
+    y = pst.softmax(x, mask=keep)
+    assert torch.equal(y[1], torch.zeros(4, dtype=y.dtype))
+    (g,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    assert torch.equal(g[1], torch.zeros(4, dtype=g.dtype))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_traces_one_graph(cpu_kernels, dynamic):
+    def loss(x, b):
+        return (pst.softmax(x, scale=0.7, mask=b, causal=True) ** 2).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for n in (5, 9, 12):
+        x, b = _x(2, 3, n, n, dtype=torch.float32), _x(3, 1, n, dtype=torch.float32)
+        want = torch.autograd.grad(loss(x, b), (x, b))
+        got = torch.autograd.grad(compiled(x, b), (x, b))
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g, w)
+
+
+def test_errors_name_the_argument():
+    meta = dict(device="meta")
+    x = torch.empty(4, 8, **meta)
+    with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor, got one on meta"):
+        pst.softmax(x)
+    with pytest.raises(TypeError, match=r"^x: dtype torch.int64 is not supported"):
+        face._check_forward(torch.empty(4, 8, dtype=torch.long), None, 1.0, False, "fused")
+    with pytest.raises(IndexError, match=r"^dim: 2 is out of range"):
+        pst.softmax(x, 2)
+    with pytest.raises(TypeError, match=r"^scale: expected a real number"):
+        pst.softmax(x, scale="0.5")
+    with pytest.raises(TypeError, match=r"^causal: expected a bool"):
+        pst.softmax(x, causal=1)
+    with pytest.raises(ValueError, match=r"^causal: needs dim to be the last axis"):
+        pst.softmax(x, 0, causal=True)
+    with pytest.raises(ValueError, match=r"^algorithm: 'fast' is not one of"):
+        pst.AttentionSoftmax(algorithm="fast")
+
+
+def test_module_repr():
+    assert repr(pst.AttentionSoftmax(scale=0.125, causal=True)) == \
+        "AttentionSoftmax(scale=0.125, causal=True, algorithm='fused')"
