@@ -12,6 +12,10 @@ from . import _lib, _ops
 from ._errors import LibraryNotFoundError, SoftmaxError
 from ._version import __version__
 
+# C-contiguous-or-walkable CuPy arrays on the current device and stream take _ops._fast (a cached
+# plan); everything else, and every error, takes the general path behind it.
+_fast, _FORWARD, _BACKWARD = _ops._fast, _lib.FORWARD, _lib.BACKWARD
+
 __all__ = [
     "naive",
     "online",
@@ -50,6 +54,10 @@ def naive(x, *, axis=-1, out=None, stream=None):
     Reads `x` three times and writes once; kept as the reference the fast paths are checked and
     measured against. Use :func:`fused` for speed.
     """
+    if stream is None and axis == -1:
+        y = _fast(_FORWARD, _lib.ALGO_NAIVE, (x,), None, out, 1.0, False)
+        if y is not None:
+            return y
     return _ops.forward(x, algo=_lib.ALGO_NAIVE, axis=axis, out=out, stream=stream)
 
 
@@ -63,6 +71,10 @@ def online(x, *, axis=-1, out=None, stream=None):
     Reads `x` twice and writes once (Milakov & Gimelshein, 2018). Rows are split across blocks
     when there are too few rows to fill the GPU, so a single very long row is still fast.
     """
+    if stream is None and axis == -1:
+        y = _fast(_FORWARD, _lib.ALGO_ONLINE, (x,), None, out, 1.0, False)
+        if y is not None:
+            return y
     return _ops.forward(x, algo=_lib.ALGO_ONLINE, axis=axis, out=out, stream=stream)
 
 
@@ -98,6 +110,10 @@ def fused(x, *, scale=1.0, mask=None, causal=False, out=None, stream=None):
     Rows that fit on chip are read once and written once; longer rows (any length works) take a
     2-pass path whose second read mostly hits L2.
     """
+    if stream is None:
+        y = _fast(_FORWARD, _lib.ALGO_FUSED, (x,), mask, out, scale, causal)
+        if y is not None:
+            return y
     return _ops.forward(x, algo=_lib.ALGO_FUSED, scale=scale, mask=mask, causal=causal, out=out, stream=stream)
 
 
@@ -122,6 +138,10 @@ def backward(y, dy, *, scale=1.0, out=None, stream=None):
     cupy.ndarray
         ``dx`` along the last axis. Masked positions (``y == 0``) get zero gradient.
     """
+    if stream is None:
+        dx = _fast(_BACKWARD, _lib.ALGO_FUSED, (y, dy), None, out, scale, False)
+        if dx is not None:
+            return dx
     return _ops.backward_impl(y, dy, algo=_lib.ALGO_FUSED, scale=scale, out=out, stream=stream)
 
 

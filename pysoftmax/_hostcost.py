@@ -55,7 +55,13 @@ def _torch_rows(torch, shape, add):
         _per_call_us(lambda: torch.softmax(t * 0.125 + bias, -1), sync))
     add("torch.softmax", "forward + backward through autograd",
         _per_call_us(fwd_bwd(lambda x: torch.softmax(x, -1)), sync, n=1000))
+    add("torch.softmax", "forward only, t requires grad", _per_call_us(lambda: torch.softmax(tg, -1), sync))
     add("pysoftmax.torch", "softmax(t)", _per_call_us(lambda: pst.softmax(t), sync))
+    add("pysoftmax.torch", "forward only, t requires grad", _per_call_us(lambda: pst.softmax(tg), sync))
+    y = pst.softmax(t)
+    add("pysoftmax.torch", "softmax_backward(y, g)", _per_call_us(lambda: pst.softmax_backward(y, g), sync))
+    add("torch.softmax", "torch._softmax_backward_data(g, y, -1, float32)",
+        _per_call_us(lambda: torch._softmax_backward_data(g, y, -1, torch.float32), sync))
     add("pysoftmax.torch", "softmax(t, scale=s, mask=keep)", _per_call_us(lambda: pst.softmax(t, scale=0.125, mask=keep), sync))
     add("pysoftmax.torch", "forward + backward through autograd",
         _per_call_us(fwd_bwd(lambda x: pst.softmax(x)), sync, n=1000))
@@ -84,6 +90,7 @@ def _torch_rows(torch, shape, add):
     add("pysoftmax (CuPy API)", "pysoftmax.fused(torch tensor) through DLPack",
         _per_call_us(lambda: pysoftmax.fused(t), sync, n=1000))
     add("parts", "torch.empty(64, 128)", _per_call_us(lambda: torch.empty(shape, device="cuda"), sync))
+    add("parts", "torch.empty_like(t)", _per_call_us(lambda: torch.empty_like(t), sync))
     add("parts", "torch._C._cuda_getCurrentRawStream(0)",
         _per_call_us(lambda: torch._C._cuda_getCurrentRawStream(0), sync))
 

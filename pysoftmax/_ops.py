@@ -17,9 +17,10 @@ import numpy
 try:
     import cupy
 
-    _ndarray = cupy.ndarray
+    _ndarray, _empty = cupy.ndarray, cupy.empty
+    _get_device, _current_stream = cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
 except ImportError:  # pragma: no cover - exercised only on machines without CuPy
-    cupy = _ndarray = None
+    cupy = _ndarray = _empty = _get_device = _current_stream = None
 
 from . import _lib
 from ._errors import SoftmaxError
@@ -511,23 +512,26 @@ def _fast_plan(direction, algo, inputs, mask, out, scale, causal, ptrs, mptr):
 
 
 def _fast(direction, algo, inputs, mask, out, scale, causal):
+    """The call on the fast path, or None for the general path (see above)."""
     x = inputs[0]
     if type(x) is not _ndarray or type(scale) not in (float, int) or type(causal) is not bool:
         return None
-    dev = x.data.device_id
-    if dev != cupy.cuda.runtime.getDevice():
+    xdata = x.data
+    dev = xdata.device_id
+    if dev != _get_device():
         return None
-    xptr = x.data.ptr
+    xptr = xdata.ptr
     key = (direction, algo, x.shape, x.strides, x.dtype, dev, scale, causal)
     ptrs = [xptr]
     align = xptr
-    for a in inputs[1:]:
-        if type(a) is not _ndarray:
+    if len(inputs) > 1:
+        dy = inputs[1]
+        if type(dy) is not _ndarray:
             return None
-        ptr = a.data.ptr
-        ptrs.append(ptr)
-        align |= ptr
-        key += (a.shape, a.strides, a.dtype, a.data.device_id)
+        ddata = dy.data
+        ptrs.append(ddata.ptr)
+        align |= ddata.ptr
+        key += (dy.shape, dy.strides, dy.dtype, ddata.device_id)
     mptr = 0
     if mask is not None:
         if type(mask) is not _ndarray:
@@ -547,18 +551,20 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
                 return None
         key += (out.shape, out.strides, out.dtype, out.data.device_id)
     key += (not align % _PACK_BYTES,)
-    cache = getattr(_fast_local, "cache", None)
-    if cache is None:
-        cache = _fast_local.cache = {}
-    e = cache.get(key)
-    if e is None:
+    try:
+        e = _fast_local.cache[key]
+    except (AttributeError, KeyError):
+        try:
+            cache = _fast_local.cache
+        except AttributeError:
+            cache = _fast_local.cache = {}
         if len(cache) >= _FAST_CACHE_MAX:
             cache.clear()
         e = cache[key] = _fast_plan(direction, algo, inputs, mask, out, scale, causal, ptrs, mptr)
     if e is _NOT_FAST:
         return None
     if out is None:
-        out = cupy.empty(x.shape, dtype=x.dtype)
+        out = _empty(x.shape, dtype=x.dtype)
     p = e.p
     p.x, p.out = xptr, out.data.ptr
     if len(ptrs) > 1:
@@ -567,9 +573,9 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
         p.mask = mptr
     ws = None
     if e.ws_bytes:
-        ws = cupy.empty(e.ws_bytes, dtype=numpy.uint8)
+        ws = _empty(e.ws_bytes, dtype=numpy.uint8)
         p.workspace, p.workspace_bytes = ws.data.ptr, e.ws_bytes
-    status = e.launch(e.ref, cupy.cuda.get_current_stream().ptr)
+    status = e.launch(e.ref, _current_stream().ptr)
     if status:
         _lib.check(status)
     del ws  # stream-ordered pool: reused only after the queued work

@@ -104,16 +104,16 @@ _local = threading.local()
 
 
 class _Plan:
-    __slots__ = ("p", "ref", "ws", "launch", "copy", "copy_mask", "empty", "shape", "device")
+    __slots__ = ("p", "ref", "ws", "launch", "copy", "copy_mask", "empty", "like", "shape", "device")
 
 
-def _cache():
-    cache = getattr(_local, "cache", None)
-    if cache is None:
-        cache = _local.cache = {}
-    elif len(cache) >= _CACHE_MAX:
-        cache.clear()
-    return cache
+def _new_plan(shape, device):
+    """A plan's common part; `like`: the output can be torch.empty_like(the input) (contiguous)."""
+    plan = _Plan()
+    plan.shape, plan.device = shape, device
+    plan.copy = plan.copy_mask = plan.like = False
+    plan.empty = _ops._rows_cols(shape)[0] * _ops._rows_cols(shape)[1] == 0
+    return plan
 
 
 def _walk(t):
@@ -121,39 +121,41 @@ def _walk(t):
     return _ops.walk_stride(tuple(t.shape), t.stride())
 
 
-def _launch(plan, dev):
-    if dev != _current_device():
-        with torch.cuda.device(dev):
-            status = plan.launch(plan.ref, _raw_stream(dev))
-    else:
-        status = plan.launch(plan.ref, _raw_stream(dev))
-    if status:
-        _lib.check(status)
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _thread_cache():
+    try:
+        cache = _local.cache
+    except AttributeError:
+        cache = _local.cache = {}
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    return cache
 
 
 def _workspace_bytes(p, direction, dev):
     nbytes = ctypes.c_int64(0)
-    if dev != _current_device():
-        with torch.cuda.device(dev):
-            status = _lib.lib().softmax_workspace_size(ctypes.byref(p), direction, ctypes.byref(nbytes))
-    else:
-        status = _lib.lib().softmax_workspace_size(ctypes.byref(p), direction, ctypes.byref(nbytes))
-    _lib.check(status)
+    with torch.cuda.device(dev):
+        _lib.check(_lib.lib().softmax_workspace_size(ctypes.byref(p), direction, ctypes.byref(nbytes)))
     return nbytes.value
 
 
 def _plan_forward(x, mask, scale, causal, algorithm, xptr, mptr):
     _check_forward(x, mask, scale, causal, algorithm)
-    plan = _Plan()
-    shape = plan.shape = tuple(x.shape)
-    plan.device = x.device
-    rows, cols = _ops._rows_cols(shape)
-    plan.empty = rows * cols == 0
-    plan.copy = plan.copy_mask = False
+    shape = tuple(x.shape)
+    plan = _new_plan(shape, x.device)
     if plan.empty:
         return plan
+    rows, cols = _ops._rows_cols(shape)
     stride = _walk(x)
     plan.copy = stride is None
+    plan.like = x.stride() == _contiguous_strides(shape)
     p = plan.p = _lib.Problem()
     p.algo, p.dtype = _ALGOS[algorithm], _CODES[x.dtype]
     p.rows, p.cols = rows, cols
@@ -167,10 +169,9 @@ def _plan_forward(x, mask, scale, causal, algorithm, xptr, mptr):
         layout = _ops.mask_layout("mask", tuple(mask.shape), mask.stride(), shape)
         plan.copy_mask = len(layout[1]) > _lib.MAX_DIMS  # too many axes to describe: expanded once a call
         if plan.copy_mask:
-            layout = _ops.mask_layout("mask", shape, torch.empty(shape, device="meta").stride(), shape)
+            layout = _ops.mask_layout("mask", shape, _contiguous_strides(shape), shape)
         _ops.set_mask(p, layout, aligned if plan.copy_mask else mptr, _MASK_CODES[mask.dtype])
-    dev = x.get_device()
-    plan.ws = _workspace_bytes(p, _lib.FORWARD, dev)
+    plan.ws = _workspace_bytes(p, _lib.FORWARD, x.get_device())
     plan.ref = ctypes.byref(p)
     plan.launch = _lib.lib().softmax_forward
     return plan
@@ -187,11 +188,11 @@ def _forward_cuda(x, mask, scale, causal, algorithm):
         mptr = mask.data_ptr()
         key = (x.shape, x.stride(), x.dtype, dev, scale, causal, algorithm, not xptr % _PACK_BYTES,
                mask.shape, mask.stride(), mask.dtype, mask.get_device(), not mptr % _PACK_BYTES)
-    cache = _cache()
-    plan = cache.get(key)
-    if plan is None:
-        plan = cache[key] = _plan_forward(x, mask, scale, causal, algorithm, xptr, mptr)
-    y = torch.empty(plan.shape, dtype=x.dtype, device=plan.device)
+    try:
+        plan = _local.cache[key]
+    except (AttributeError, KeyError):
+        plan = _thread_cache()[key] = _plan_forward(x, mask, scale, causal, algorithm, xptr, mptr)
+    y = torch.empty_like(x) if plan.like else torch.empty(plan.shape, dtype=x.dtype, device=plan.device)
     if plan.empty:
         return y
     p = plan.p
@@ -208,23 +209,27 @@ def _forward_cuda(x, mask, scale, causal, algorithm):
     if plan.ws:  # the caching allocator is stream-ordered: reused only after this launch
         ws = torch.empty(plan.ws, dtype=torch.uint8, device=plan.device)
         p.workspace, p.workspace_bytes = ws.data_ptr(), plan.ws
-    _launch(plan, dev)
+    if dev == _current_device():
+        status = plan.launch(plan.ref, _raw_stream(dev))
+    else:
+        with torch.cuda.device(dev):
+            status = plan.launch(plan.ref, _raw_stream(dev))
+    if status:
+        _lib.check(status)
     return y
 
 
 def _plan_backward(y, dy, scale, yptr, dptr):
     _check_backward(y, dy, scale)
-    plan = _Plan()
-    shape = plan.shape = tuple(y.shape)
-    plan.device = y.device
-    rows, cols = _ops._rows_cols(shape)
-    plan.empty = rows * cols == 0
-    plan.copy = plan.copy_mask = False
+    shape = tuple(y.shape)
+    plan = _new_plan(shape, y.device)
     if plan.empty:
         return plan
+    rows, cols = _ops._rows_cols(shape)
     ys, ds = _walk(y), _walk(dy)
     plan.copy = ys is None  # y
     plan.copy_mask = ds is None  # dy (a grad from .sum() is stride 0 throughout)
+    plan.like = y.stride() == _contiguous_strides(shape)
     p = plan.p = _lib.Problem()
     p.algo, p.dtype = _lib.ALGO_FUSED, _CODES[y.dtype]
     p.rows, p.cols = rows, cols
@@ -248,11 +253,11 @@ def _backward_cuda(y, dy, scale):
     dev = y.get_device()
     key = (y.shape, y.stride(), dy.shape, dy.stride(), y.dtype, dy.dtype, dev, dy.get_device(), scale,
            not (yptr | dptr) % _PACK_BYTES)
-    cache = _cache()
-    plan = cache.get(key)
-    if plan is None:
-        plan = cache[key] = _plan_backward(y, dy, scale, yptr, dptr)
-    dx = torch.empty(plan.shape, dtype=y.dtype, device=plan.device)
+    try:
+        plan = _local.cache[key]
+    except (AttributeError, KeyError):
+        plan = _thread_cache()[key] = _plan_backward(y, dy, scale, yptr, dptr)
+    dx = torch.empty_like(y) if plan.like else torch.empty(plan.shape, dtype=y.dtype, device=plan.device)
     if plan.empty:
         return dx
     if plan.copy:
@@ -267,7 +272,13 @@ def _backward_cuda(y, dy, scale):
     if plan.ws:
         ws = torch.empty(plan.ws, dtype=torch.uint8, device=plan.device)
         p.workspace, p.workspace_bytes = ws.data_ptr(), plan.ws
-    _launch(plan, dev)
+    if dev == _current_device():
+        status = plan.launch(plan.ref, _raw_stream(dev))
+    else:
+        with torch.cuda.device(dev):
+            status = plan.launch(plan.ref, _raw_stream(dev))
+    if status:
+        _lib.check(status)
     return dx
 
 
@@ -378,6 +389,14 @@ class _Softmax(torch.autograd.Function):
         return dx, dmask, None, None, None
 
 
+# Function.apply's own Python (argument binding for functorch) is for transforms, which _direct
+# has excluded: the eager path calls the C implementation it ends in.
+try:
+    _apply_softmax = super(torch.autograd.Function, _Softmax).apply
+except AttributeError:  # pragma: no cover - another torch's layout
+    _apply_softmax = _Softmax.apply
+
+
 # ---------------------------------------------------------------------------------------------
 # The user's face.
 
@@ -452,7 +471,7 @@ def softmax(x, dim=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused")
         if not x.is_cuda:
             _check_forward(x, mask, scale, causal, algorithm)  # raises, naming the device
         if torch.is_grad_enabled() and (x.requires_grad or (mask is not None and mask.requires_grad)):
-            y = _Softmax.apply(x, mask, scale, causal, algorithm)
+            y = _apply_softmax(x, mask, scale, causal, algorithm)
         else:
             y = _forward_cuda(x, mask, scale, causal, algorithm)
     else:

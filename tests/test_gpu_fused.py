@@ -505,8 +505,9 @@ def test_backward_strided_and_streams():
 
 
 def test_fast_path_keys_every_layout():
-    """The CuPy fast path keeps one plan per (shapes, strides, dtypes, alignment, scale, causal):
-    calls that alternate between layouts of the same x shape must each get their own plan. The
+    """The CuPy fast path keeps one plan per (shapes, strides, dtypes, alignment, scale, causal), and
+    the library one per thread and operation (PlanMemo): calls that alternate between layouts of
+    the same x shape must each get their own plan. The
     masks below differ from call to call in shape, strides, dtype and alignment (one offset by an
     element), and x in alignment; each result is checked, twice round."""
     g = rng()
@@ -518,8 +519,12 @@ def test_fast_path_keys_every_layout():
     pad_dev = cupy.asarray(pad)
     bias = rounded(g.standard_normal((3, 24, 80)), "float32")
     bias_dev = cupy.asarray(bias, dtype=cupy.float32)
+    wide = rounded(g.standard_normal((24, 41)), "float64")  # 8 packs of 8 bytes: the widest mask vector
+    wide_dev = cupy.asarray(wide)
     masks = [
         ("none", None, None),
+        ("float64", wide[:, :40], wide_dev[:, :40]),
+        ("float64 one element in", wide[:, 1:], wide_dev[:, 1:]),
         ("padding", pad[..., :40], pad_dev[..., :40]),
         ("padding one byte in", pad[..., 1:], pad_dev[..., 1:]),
         ("strided float", bias[..., ::2], bias_dev[..., ::2]),
