@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import pathlib
 import statistics
 import sys
 import time
@@ -286,4 +287,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # Run as a script from a checkout: the package beside examples/ is the one to use.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
     sys.exit(main())

@@ -107,7 +107,8 @@ def hostcost(args):
     return 0
 
 
-def gpt(args):
+def gpt(gpt_args):
+    """examples/train_gpt.py with these arguments (its own --help lists them)."""
     import os
     import runpy
 
@@ -115,8 +116,11 @@ def gpt(args):
     if not os.path.exists(script):
         print(f"gpt: {script} not found (the example lives in the repository, not the package)", file=sys.stderr)
         return 2
-    sys.argv = [script] + args.gpt_args
-    runpy.run_path(script, run_name="__main__")
+    sys.argv = [script] + list(gpt_args)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return e.code
     return 0
 
 
@@ -147,9 +151,11 @@ def main(argv=None):
     h = sub.add_parser("hostcost", help="host microseconds per small call: CuPy, torch eager and compiled, torch.softmax")
     h.add_argument("--json", help="write the rows to this JSON file")
     h.set_defaults(fn=hostcost)
-    t = sub.add_parser("gpt", help="train a small GPT with pysoftmax's and torch's softmax (examples/train_gpt.py)")
-    t.add_argument("gpt_args", nargs=argparse.REMAINDER, help="arguments of examples/train_gpt.py")
-    t.set_defaults(fn=gpt)
+    sub.add_parser("gpt", add_help=False,
+                   help="train a small GPT with pysoftmax's and torch's softmax (examples/train_gpt.py; its --help)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gpt"]:  # every further argument is the example's
+        return gpt(argv[1:])
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -375,17 +375,20 @@ class _Softmax(torch.autograd.Function):
     def forward(ctx, x, mask, scale, causal, algorithm):
         y = _forward_cuda(x, mask, scale, causal, algorithm)
         ctx.save_for_backward(y)
-        ctx.scale = scale
-        ctx.mask_shape = None if mask is None else mask.shape
-        ctx.mask_dtype = None if mask is None else mask.dtype
+        ctx.meta = (scale, None, None) if mask is None else (scale, mask.shape, mask.dtype)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        # create_graph=True: through the operator, whose own backward makes a second order possible.
-        bwd = torch.ops.pysoftmax.softmax_backward if torch.is_grad_enabled() else _backward_cuda
-        dx, dmask = _grads(ctx.needs_input_grad, y, dy, ctx.scale, ctx.mask_shape, ctx.mask_dtype, bwd)
+        scale, mask_shape, mask_dtype = ctx.meta
+        if torch.is_grad_enabled():  # create_graph=True: the operator's own backward gives a second order
+            bwd = torch.ops.pysoftmax.softmax_backward
+        elif mask_shape is None:
+            return _backward_cuda(y, dy, scale), None, None, None, None
+        else:
+            bwd = _backward_cuda
+        dx, dmask = _grads(ctx.needs_input_grad, y, dy, scale, mask_shape, mask_dtype, bwd)
         return dx, dmask, None, None, None
 
 
