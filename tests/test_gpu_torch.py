@@ -214,7 +214,13 @@ def test_bias_gradient_in_low_precision():
     yr = torch.softmax((xr * 0.125 + br).masked_fill(~keep, float("-inf")), -1)
     want_dx, want_db = torch.autograd.grad(yr, (xr, br), g.double())
     assert row_error(_np(dx), _np(want_dx)) < 2e-2
-    assert row_error(_np(db), _np(want_db)) < 2e-2
+    # db sums dz = dx / scale over the batch, whose rows may cancel: measured against the size of
+    # the terms, as bfloat16's rounding of dz can be held to.
+    size = (want_dx / 0.125).abs().sum(0)
+    num = ((db.double() - want_db) ** 2).sum(-1).sqrt()
+    den = (size**2).sum(-1).sqrt()
+    err = torch.where(den == 0, num, num / torch.where(den == 0, 1.0, den)).max().item()
+    assert err < TOL["bfloat16"], f"bias gradient: max row error {err:.3e}"
 
 
 # ---------------------------------------------------------------------------------------------
