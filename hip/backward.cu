@@ -9,59 +9,37 @@
 
 namespace {
 
-template <typename T>
-int plan_backward(const softmax_problem_t& p, const DeviceInfo& dev, BackwardOp<T>* op, Plan* plan) {
+template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
   using C = typename Compute<T>::type;
-  *op = BackwardOp<T>{};
-  op->y = static_cast<const T*>(p.x);
-  op->dy = static_cast<const T*>(p.dy);
-  op->dx = static_cast<T*>(p.out);
-  op->y_stride = p.x_row_stride;
-  op->dy_stride = p.dy_row_stride;
-  op->dx_stride = p.out_row_stride;
-  op->cols = p.cols;
-  op->scale = static_cast<C>(p.scale);
+  BackwardOp<T> op{};
+  op.y = static_cast<const T*>(p.x);
+  op.dy = static_cast<const T*>(p.dy);
+  op.dx = static_cast<T*>(p.out);
+  op.y_stride = p.x_row_stride;
+  op.dy_stride = p.dy_row_stride;
+  op.dx_stride = p.out_row_stride;
+  op.cols = p.cols;
+  op.scale = static_cast<C>(p.scale);
   const bool vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.dy, p.dy_row_stride) &&
                    vector_rows<T>(p.out, p.out_row_stride);
+  DeviceInfo dev;
+  int st = device_info(&dev);
+  if (st != SOFTMAX_OK) return st;
   const int pack = vec ? vec_pack<T>() : 1;
+  Plan plan;
   if (p.algo == SOFTMAX_ALGO_FUSED) {
-    if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, plan))
+    if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
-    if (!plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, plan, false))
+    if (!plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, false))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }
-  cap_blocks(plan, p.blocks);
-  return SOFTMAX_OK;
-}
-
-template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
-  using Op = BackwardOp<T>;
-  DeviceInfo dev;
-  int st = device_info(&dev);
-  if (st != SOFTMAX_OK) return st;
-  thread_local PlanMemo<Op> memo;
-  const softmax_problem_t key = PlanMemo<Op>::key_of(p);
-  Op op;
-  Plan plan;
-  if (memo.matches(key, dev.id)) {  // the same problem again: only the data moved
-    op = memo.op;
-    op.y = static_cast<const T*>(p.x);
-    op.dy = static_cast<const T*>(p.dy);
-    op.dx = static_cast<T*>(p.out);
-    plan = memo.plan;
-  } else {
-    if ((st = plan_backward<T>(p, dev, &op, &plan)) != SOFTMAX_OK) return st;
-    memo.key = key;
-    memo.device = dev.id;
-    memo.op = op;
-    memo.plan = plan;
-  }
-  const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
+  cap_blocks(&plan, p.blocks);
+  const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))

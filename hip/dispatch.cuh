@@ -9,7 +9,6 @@
 #include <stdio.h>
 
 #include <algorithm>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels.cuh"
@@ -89,7 +88,6 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // The device the launch runs on: looked up once per device and cached.
 
 struct DeviceInfo {
-  int id = -1;  // the device the calling thread is on
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
   int max_cluster = 1;      // most blocks of a cluster the stream may launch (1: no clusters)
@@ -115,7 +113,6 @@ inline int device_info(DeviceInfo* out) {
     return SOFTMAX_OK;
   }
   DeviceInfo info;
-  info.id = dev;
   e = hipDeviceGetAttribute(&info.sms, hipDeviceAttributeMultiprocessorCount, dev);
   if (e == hipSuccess) e = hipDeviceGetAttribute(&info.warp, hipDeviceAttributeWarpSize, dev);
   if (e == hipSuccess && kAsyncCopy) {
@@ -493,36 +490,6 @@ inline bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<ui
 template <typename T> bool vector_rows(const void* ptr, int64_t stride) {
   return aligned(ptr, kPackBytes) && (stride * static_cast<int64_t>(sizeof(T))) % kPackBytes == 0;
 }
-
-// The last problem a thread planned for one operation type, so that a caller who launches the
-// same problem again with other data (the common case of a training step) skips building the
-// operation and the plan, which cost about a fifth of a small call's host time. The key is the
-// problem with its pointers reduced to the alignments that planning reads (16-byte packs; a
-// mask's vector access, up to 8 elements of 8 bytes) and its workspace left out, and the device.
-template <typename Op> struct PlanMemo {
-  static constexpr uintptr_t kAlign = 64;
-  softmax_problem_t key{};
-  int device = -1;
-  Op op{};
-  Plan plan{};
-
-  static softmax_problem_t key_of(const softmax_problem_t& p) {
-    softmax_problem_t k = p;
-    const auto residue = [](const void* ptr) {
-      return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(ptr) % kAlign);
-    };
-    k.x = residue(p.x);
-    k.dy = residue(p.dy);
-    k.out = const_cast<void*>(residue(p.out));
-    k.mask = residue(p.mask);
-    k.workspace = nullptr;
-    k.workspace_bytes = 0;
-    return k;
-  }
-  bool matches(const softmax_problem_t& k, int dev) const {
-    return device == dev && std::memcmp(&key, &k, sizeof k) == 0;
-  }
-};
 
 // Common checks of a problem; direction-specific ones stay with the direction.
 inline int check_problem(const softmax_problem_t* p) {

@@ -84,62 +84,38 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
   return SOFTMAX_OK;
 }
 
-// The plan of a problem: rows_warp's walk gate depends on the grid, so the operation is final only
-// with its plan.
 template <typename T, int kMask>
-int plan_forward(const softmax_problem_t& p, const DeviceInfo& dev, ForwardOp<T, kMask>* op, Plan* plan) {
+int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
   using Op = ForwardOp<T, kMask>;
+  Op op;
   bool vec = false;
-  int st = make_op<T, kMask>(p, op, &vec);
+  int st = make_op<T, kMask>(p, &op, &vec);
   if (st != SOFTMAX_OK) return st;
+  DeviceInfo dev;
+  if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
   const int pack = vec ? vec_pack<T>() : 1;
+  Plan plan;
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
-      if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, plan))
+      if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                     static_cast<long long>(p.cols));
       break;
     case SOFTMAX_ALGO_ONLINE:
-      if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, plan))
+      if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
       break;
     case SOFTMAX_ALGO_NAIVE:
-      *plan = plan_naive(p.rows, p.cols, pack, dev);
+      plan = plan_naive(p.rows, p.cols, pack, dev);
       break;
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
-  cap_blocks(plan, p.blocks);
+  cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.
-  if (plan->family == SOFTMAX_FAMILY_WARP)
-    op->walks = op->walks && ceil_div(warp_row_sets(*plan, p.rows), plan->blocks) >= kWalkMinSteps;
-  return SOFTMAX_OK;
-}
-
-template <typename T, int kMask>
-int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
-  using Op = ForwardOp<T, kMask>;
-  DeviceInfo dev;
-  int st = device_info(&dev);
-  if (st != SOFTMAX_OK) return st;
-  thread_local PlanMemo<Op> memo;
-  const softmax_problem_t key = PlanMemo<Op>::key_of(p);
-  Op op;
-  Plan plan;
-  if (memo.matches(key, dev.id)) {  // the same problem again: only the data moved
-    op = memo.op;
-    op.x = static_cast<const T*>(p.x);
-    op.y = static_cast<T*>(p.out);
-    if (op.mask) op.mask = static_cast<const unsigned char*>(p.mask);
-    plan = memo.plan;
-  } else {
-    if ((st = plan_forward<T, kMask>(p, dev, &op, &plan)) != SOFTMAX_OK) return st;
-    memo.key = key;
-    memo.device = dev.id;
-    memo.op = op;
-    memo.plan = plan;
-  }
+  if (plan.family == SOFTMAX_FAMILY_WARP)
+    op.walks = op.walks && ceil_div(warp_row_sets(plan, p.rows), plan.blocks) >= kWalkMinSteps;
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
@@ -152,7 +128,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     } else {
       if (op.mask || op.causal_queries.d)
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
-      return plan.pack > 1 ? launch(rows_naive<Op, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
+      return pack > 1 ? launch(rows_naive<Op, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
                       : launch(rows_naive<Op, 1>, "rows_naive", plan, stream, op, p.rows);
     }
   }

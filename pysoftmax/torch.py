@@ -46,6 +46,10 @@ _C = torch._C
 # The raw current stream and device, without building Stream objects (CUDA builds of torch).
 _raw_stream = getattr(_C, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
 _current_device = getattr(_C, "_cuda_getDevice", None) or torch.cuda.current_device
+_is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
+_function_mode, _dispatch_modes = _C._is_torch_function_mode_enabled, _C._len_torch_dispatch_stack
+_functorch = _C._are_functorch_transforms_active
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,10 +411,8 @@ except AttributeError:  # pragma: no cover - another torch's layout
 def _direct(x, mask):
     """Whether an eager call may skip the dispatcher: plain tensors, and nothing (compilation,
     a mode, a functorch transform) that expects to see the operator."""
-    return (not torch.compiler.is_compiling() and type(x) is torch.Tensor
-            and (mask is None or type(mask) is torch.Tensor)
-            and not _C._is_torch_function_mode_enabled() and _C._len_torch_dispatch_stack() == 0
-            and not _C._are_functorch_transforms_active())
+    return (not _is_compiling() and type(x) is _Tensor and (mask is None or type(mask) is _Tensor)
+            and not _function_mode() and not _dispatch_modes() and not _functorch())
 
 
 def softmax(x, dim=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused"):

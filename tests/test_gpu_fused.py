@@ -505,9 +505,8 @@ def test_backward_strided_and_streams():
 
 
 def test_fast_path_keys_every_layout():
-    """The CuPy fast path keeps one plan per (shapes, strides, dtypes, alignment, scale, causal), and
-    the library one per thread and operation (PlanMemo): calls that alternate between layouts of
-    the same x shape must each get their own plan. The
+    """The CuPy fast path keeps one plan per (shapes, strides, dtypes, alignment, scale, causal):
+    calls that alternate between layouts of the same x shape must each get their own plan. The
     masks below differ from call to call in shape, strides, dtype and alignment (one offset by an
     element), and x in alignment; each result is checked, twice round."""
     g = rng()
