@@ -116,11 +116,13 @@ def gpt(gpt_args):
     if not os.path.exists(script):
         print(f"gpt: {script} not found (the example lives in the repository, not the package)", file=sys.stderr)
         return 2
-    sys.argv = [script] + list(gpt_args)
+    argv, sys.argv = sys.argv, [script] + list(gpt_args)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
-        return e.code
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
     return 0
 
 

@@ -143,9 +143,9 @@ def run(shape=(64, 128)):
     nbytes = ctypes.c_int64(0)
     stream = cupy.cuda.get_current_stream().ptr
     add("parts", "ctypes call of a no-op (softmax_abi_version)", _case(lambda: lib.softmax_abi_version(), sync))
-    add("parts", "softmax_workspace_size (the plan, kept from the last call: no launch)",
+    add("parts", "softmax_workspace_size (the C planner, no launch)",
         _case(lambda: lib.softmax_workspace_size(ref, 0, ctypes.byref(nbytes)), sync))
-    add("parts", "softmax_forward on a built problem (the kept plan + the launch)",
+    add("parts", "softmax_forward on a built problem (the planner + the launch)",
         _case(lambda: lib.softmax_forward(ref, stream), sync))
     add("parts", "cupy.empty(64, 128)", _case(lambda: cupy.empty(shape, dtype=cupy.float32), sync))
     add("parts", "cupy.cuda.get_current_stream().ptr", _case(lambda: cupy.cuda.get_current_stream().ptr, sync))

@@ -103,7 +103,8 @@ def _known_typestr(typestr):
         return False
 
 
-# DLPack device types of GPU memory (dlpack.h: kDLCUDA, kDLCUDAManaged, kDLROCM) and of host memory.
+# DLPack device types (dlpack.h) of GPU memory (kDLCUDA 2, kDLROCM 10, kDLCUDAManaged 13) and of
+# host memory (kDLCPU 1, kDLCUDAHost 3, kDLROCMHost 11).
 _DLPACK_GPU = (2, 10, 13)
 _DLPACK_HOST = (1, 3, 11)
 
@@ -115,14 +116,13 @@ def _dlpack_device(obj):
         return None, None
 
 
-def _import_dlpack(obj, kind, device, stream):
-    """A CuPy view of `obj` through DLPack, asked for on the stream the launch will use: the
-    producer then orders that stream after its pending work on `obj` (DLPack's stream handshake;
-    an event, never a host sync)."""
+def _import_dlpack(obj, kind, device, launch_stream):
+    """A CuPy view of `obj` through DLPack, asked for on the stream the launch will use
+    (`launch_stream`, or CuPy's current one when None): the producer then orders that stream
+    after its pending work on `obj` (DLPack's stream handshake; an event, never a host sync)."""
     if kind not in _DLPACK_GPU:
         return cupy.from_dlpack(obj)
     with cupy.cuda.Device(device):
-        launch_stream = _resolve_stream(stream, device)[1]
         if launch_stream is None:  # CuPy's current stream: the one from_dlpack hands the producer
             return cupy.from_dlpack(obj)
         with launch_stream:
@@ -185,8 +185,12 @@ def _arr(obj, name, stream=None):
             raise TypeError(f"{name}: expected a device array, got {type(obj).__module__}.{type(obj).__name__} "
                             "in host memory; move it to the GPU first")
         _need_cupy()
+        launch_stream = None
+        if kind in _DLPACK_GPU:  # a bad stream= is its own error, not a failed import
+            with cupy.cuda.Device(device):
+                launch_stream = _resolve_stream(stream, device)[1]
         try:
-            arr = _import_dlpack(obj, kind, device, stream)
+            arr = _import_dlpack(obj, kind, device, launch_stream)
         except Exception as e:
             if cai is not None:
                 return a  # the interface's metadata (and its stream, if it names one) instead
@@ -539,7 +543,9 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
         mptr = mask.data.ptr
         key += (mask.shape, mask.strides, mask.dtype, mask.data.device_id, not mptr % _PACK_BYTES)
     if out is not None:
-        if type(out) is not _ndarray:
+        # [ptr, ptr + nbytes) is an array's extent only when it is C-contiguous: an out= with any
+        # other layout is the general path's, whose overlap check reads the strides.
+        if type(out) is not _ndarray or not out.flags.c_contiguous or any(not a.flags.c_contiguous for a in inputs):
             return None
         optr = out.data.ptr
         align |= optr

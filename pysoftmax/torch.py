@@ -17,8 +17,11 @@ memory statistics and CUDA-graph pools apply. What metadata alone decides (valid
 layout, the problem struct, the workspace size) is decided once per key and kept per thread.
 
 Eager calls of :func:`softmax` on plain tensors skip the dispatcher (its Python round trips cost
-more than the launch); under ``torch.compile``, a dispatch or function mode, a functorch
-transform or a tensor subclass, they go through the registered operator instead.
+more than the launch); under ``torch.compile``, ``torch.jit.trace``, a dispatch or function mode,
+a functorch transform or a tensor subclass, they go through the registered operator instead.
+Not supported: forward-mode AD (refused with NotImplementedError), and ``torch.func.grad`` /
+``jacrev`` over the operator (torch's custom-operator autograd does not compose with them);
+``torch.func.vmap`` runs through torch's per-sample fallback.
 
 Importing this module imports torch; ``import pysoftmax`` alone never does.
 """
@@ -47,9 +50,12 @@ _C = torch._C
 _raw_stream = getattr(_C, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
 _current_device = getattr(_C, "_cuda_getDevice", None) or torch.cuda.current_device
 _is_compiling = torch.compiler.is_compiling
-_Tensor = torch.Tensor
+# Parameters (a learned bias) behave as plain tensors: no __torch_function__ of their own.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_strided = torch.strided
 _function_mode, _dispatch_modes = _C._is_torch_function_mode_enabled, _C._len_torch_dispatch_stack
-_functorch = _C._are_functorch_transforms_active
+_functorch, _jit_tracing = _C._are_functorch_transforms_active, _C._get_tracing_state
+_forward_ad = torch.autograd.forward_ad
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,8 +417,17 @@ except AttributeError:  # pragma: no cover - another torch's layout
 def _direct(x, mask):
     """Whether an eager call may skip the dispatcher: plain tensors, and nothing (compilation,
     a mode, a functorch transform) that expects to see the operator."""
-    return (not _is_compiling() and type(x) is _Tensor and (mask is None or type(mask) is _Tensor)
-            and not _function_mode() and not _dispatch_modes() and not _functorch())
+    return (not _is_compiling() and type(x) in _PLAIN and (mask is None or type(mask) in _PLAIN)
+            and x.layout is _strided and not _function_mode() and not _dispatch_modes() and not _functorch()
+            and not _jit_tracing())
+
+
+def _refuse_dual(*tensors):
+    """Forward-mode AD has no formula here: a dual input is refused, not given a zero tangent."""
+    for t in tensors:
+        if t is not None and _forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError("pysoftmax.torch: forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) "
+                                      "is not supported; use reverse mode, or torch.softmax for this call")
 
 
 def softmax(x, dim=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused"):
@@ -453,6 +468,10 @@ def softmax(x, dim=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused")
         scale = _check_scale(scale)
     if type(causal) is not bool:
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if type(algorithm) is not str or algorithm not in _ALGOS:
+        raise ValueError(f"algorithm: {algorithm!r} is not one of 'fused', 'online', 'naive'")
+    if _forward_ad._current_level >= 0:
+        _refuse_dual(x, mask)
     moved = dim != -1
     if moved:
         if isinstance(dim, bool) or not isinstance(dim, int):
@@ -501,8 +520,12 @@ def softmax_backward(y, dy, *, scale=1.0):
     torch.Tensor
         ``dx``, contiguous, of `y`'s dtype.
     """
+    if not (isinstance(y, torch.Tensor) and isinstance(dy, torch.Tensor)):
+        _check_backward(y, dy, scale)  # raises, naming the argument
     if type(scale) is not float:
         scale = _check_scale(scale)
+    if _forward_ad._current_level >= 0:
+        _refuse_dual(y, dy)
     if _direct(y, dy) and not (torch.is_grad_enabled() and (y.requires_grad or dy.requires_grad)):
         if not y.is_cuda:
             _check_backward(y, dy, scale)

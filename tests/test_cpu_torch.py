@@ -146,3 +146,62 @@ def test_errors_name_the_argument():
 def test_module_repr():
     assert repr(pst.AttentionSoftmax(scale=0.125, causal=True)) == \
         "AttentionSoftmax(scale=0.125, causal=True, algorithm='fused')"
+
+
+_REAL_DIRECT = face._direct
+
+
+@pytest.fixture
+def eager_stand_in(cpu_kernels, monkeypatch):
+    """The eager path (the direct launchers and the autograd.Function) with the stand-in kernels;
+    the operator's CPU stand-in serves what goes through the dispatcher (the second order)."""
+    monkeypatch.setattr(face, "_direct", _REAL_DIRECT)
+    monkeypatch.setattr(face, "_forward_cuda", _stand_in_forward)
+    monkeypatch.setattr(face, "_backward_cuda", _stand_in_backward)
+
+
+def test_gradcheck_eager_function(eager_stand_in):
+    x, bias = _x(2, 3, 5, 5), _x(3, 1, 5)
+    assert face._direct(x, bias)
+    f = lambda x, b: pst.softmax(x, scale=0.7, mask=b, causal=True)  # noqa: E731
+    assert type(f(x, bias).grad_fn).__name__ == "_SoftmaxBackward"
+    assert torch.autograd.gradcheck(f, (x, bias))
+    assert torch.autograd.gradgradcheck(f, (x, bias))  # the second order goes through the operator
+    assert torch.autograd.gradcheck(lambda x: pst.softmax(x, 0, scale=1.3), (_x(4, 6),))
+    only_bias = lambda b: pst.softmax(x.detach(), mask=b)  # noqa: E731
+    assert torch.autograd.gradcheck(only_bias, (bias,))
+
+
+def test_direct_path_conditions():
+    x = torch.empty(4, 8)
+    bias = torch.nn.Parameter(torch.zeros(8))
+    assert face._direct(x, None) and face._direct(x, bias) and face._direct(bias, None)
+    assert not face._direct(x.to_sparse(), None)
+    seen = []
+
+    def traced(t):
+        seen.append(face._direct(t, None))
+        return t * 2
+
+    torch.jit.trace(traced, (x,), check_trace=False)
+    traced(x)
+    assert seen == [False, True], "under torch.jit.trace the call must go through the operator"
+
+
+def test_forward_mode_ad_is_refused():
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        x = fwad.make_dual(torch.randn(3, 4), torch.randn(3, 4))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            pst.softmax(x)
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            pst.softmax_backward(torch.rand(3, 4), x)
+
+
+def test_argument_errors_before_any_tensor_is_read():
+    x = torch.empty(4, 8, device="meta")
+    with pytest.raises(TypeError, match=r"^y: expected a torch.Tensor, got builtins.NoneType"):
+        pst.softmax_backward(None, x)
+    with pytest.raises(ValueError, match=r"^algorithm: \['fused'\] is not one of"):
+        pst.softmax(x, algorithm=["fused"])

@@ -539,3 +539,18 @@ def test_fast_path_keys_every_layout():
                     out = poisoned(x64.shape, "float16")
                     assert pysoftmax.fused(xin, scale=scale, mask=m, causal=causal, out=out) is out
                     assert_close(to_host64(out), ref, "float16", f"out= {name} seed={g.seed}")
+
+
+def test_fast_path_leaves_strided_overlaps_to_the_general_path():
+    """An out= that partly overlaps a strided input is refused, not raced: a strided array's
+    extent is not [ptr, ptr + nbytes), so only the general path, which reads the strides, judges it."""
+    g = rng()
+    base = cupy.asarray(g.standard_normal((16, 64)), dtype=cupy.float32)
+    before = base.copy()
+    with pytest.raises(ValueError, match="overlaps"):
+        pysoftmax.fused(base[0:8, :32], out=base[4:12, :32])  # out's row i is x's row i + 4
+    with pytest.raises(ValueError, match="overlaps"):
+        pysoftmax.fused(base[15:7:-1], out=base[4:12])  # rows 8..11 in both, x walked backwards
+    with pytest.raises(ValueError, match="overlaps"):
+        pysoftmax.backward(base[0:8, :32], base[8:16, :32], out=base[4:12, :32])
+    assert bool(cupy.all(base == before)), "a refused call wrote its output"
