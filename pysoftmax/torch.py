@@ -156,6 +156,22 @@ def _workspace_bytes(p, direction, dev):
     return nbytes.value
 
 
+def _launch(plan, dev):
+    """Queue the planned kernels on torch's current stream of device `dev`, with their workspace
+    from the caching allocator (stream-ordered: reused only after this launch)."""
+    ws = None
+    if plan.ws:
+        ws = torch.empty(plan.ws, dtype=torch.uint8, device=plan.device)
+        plan.p.workspace, plan.p.workspace_bytes = ws.data_ptr(), plan.ws
+    if dev == _current_device():
+        status = plan.launch(plan.ref, _raw_stream(dev))
+    else:
+        with torch.cuda.device(dev):
+            status = plan.launch(plan.ref, _raw_stream(dev))
+    if status:
+        _lib.check(status)
+
+
 def _plan_forward(x, mask, scale, causal, algorithm, xptr, mptr):
     _check_forward(x, mask, scale, causal, algorithm)
     shape = tuple(x.shape)
@@ -215,17 +231,7 @@ def _forward_cuda(x, mask, scale, causal, algorithm):
             mask = mask.expand(plan.shape).contiguous()
             mptr = mask.data_ptr()
         p.mask = mptr
-    ws = None
-    if plan.ws:  # the caching allocator is stream-ordered: reused only after this launch
-        ws = torch.empty(plan.ws, dtype=torch.uint8, device=plan.device)
-        p.workspace, p.workspace_bytes = ws.data_ptr(), plan.ws
-    if dev == _current_device():
-        status = plan.launch(plan.ref, _raw_stream(dev))
-    else:
-        with torch.cuda.device(dev):
-            status = plan.launch(plan.ref, _raw_stream(dev))
-    if status:
-        _lib.check(status)
+    _launch(plan, dev)
     return y
 
 
@@ -278,17 +284,7 @@ def _backward_cuda(y, dy, scale):
         dptr = dy.data_ptr()
     p = plan.p
     p.x, p.dy, p.out = yptr, dptr, dx.data_ptr()
-    ws = None
-    if plan.ws:
-        ws = torch.empty(plan.ws, dtype=torch.uint8, device=plan.device)
-        p.workspace, p.workspace_bytes = ws.data_ptr(), plan.ws
-    if dev == _current_device():
-        status = plan.launch(plan.ref, _raw_stream(dev))
-    else:
-        with torch.cuda.device(dev):
-            status = plan.launch(plan.ref, _raw_stream(dev))
-    if status:
-        _lib.check(status)
+    _launch(plan, dev)
     return dx
 
 

@@ -205,3 +205,59 @@ def test_argument_errors_before_any_tensor_is_read():
         pst.softmax_backward(None, x)
     with pytest.raises(ValueError, match=r"^algorithm: \['fused'\] is not one of"):
         pst.softmax(x, algorithm=["fused"])
+
+
+class _FakeLibrary:
+    """Stands in for libsoftmax's launchers: records what each launch was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _record(self, ref, stream):
+        p = ref._obj
+        self.calls.append({f: getattr(p, f) for f in ("x", "dy", "out", "x_row_stride", "dy_row_stride", "rows",
+                                                      "cols", "mask", "mask_ndim", "workspace", "scale",
+                                                      "causal_queries")} | {"stream": stream})
+        return 0
+
+    softmax_forward = softmax_backward = _record
+
+
+@pytest.fixture
+def fake_library(monkeypatch):
+    fake = _FakeLibrary()
+    monkeypatch.setattr(face._lib, "lib", lambda: fake)
+    monkeypatch.setattr(face, "_workspace_bytes", lambda p, direction, dev: 256 if p.cols > 100 else 0)
+    monkeypatch.setattr(face, "_current_device", lambda: -1)  # CPU tensors report device -1
+    monkeypatch.setattr(face, "_raw_stream", lambda dev: 1234)
+    monkeypatch.setattr(face, "_check_tensor", lambda t, name, *a, **k: None)
+    face._local.__dict__.clear()
+    yield fake
+    face._local.__dict__.clear()  # the plans hold the fake's launchers
+
+
+def test_launchers_fill_the_problem(fake_library):
+    calls = fake_library.calls
+    base = torch.randn(6, 300)
+    x = base[:, :200]  # walkable in place: row stride 300
+    y = face._forward_cuda(x, None, 0.5, False, "fused")
+    c = calls[-1]
+    assert (c["x"], c["x_row_stride"], c["out"], c["stream"]) == (x.data_ptr(), 300, y.data_ptr(), 1234)
+    assert (c["rows"], c["cols"], c["scale"], c["mask"]) == (6, 200, 0.5, None) and c["workspace"]
+    xt = base[:, :10].t()  # last axis not unit-stride: copied, the copy's row stride
+    face._forward_cuda(xt, None, 1.0, False, "fused")
+    c = calls[-1]
+    assert c["x"] != xt.data_ptr() and c["x_row_stride"] == 6 and not c["workspace"]
+    q = torch.randn(2, 3, 4, 5)
+    keep = torch.rand(2, 1, 1, 5) > 0.5
+    face._forward_cuda(q, keep, 1.0, True, "fused")
+    c = calls[-1]
+    assert c["mask"] == keep.data_ptr() and c["mask_ndim"] == 2 and c["causal_queries"] == 4
+    y = face._forward_cuda(q, keep, 1.0, True, "fused")  # the kept plan, new output
+    assert calls[-1]["out"] == y.data_ptr() and len(face._local.cache) == 3
+    yb = torch.rand(4, 7)
+    dy = torch.ones(()).expand(4, 7)  # .sum()'s gradient: stride 0 throughout, copied
+    dx = face._backward_cuda(yb, dy, 2.0)
+    c = calls[-1]
+    assert (c["x"], c["out"], c["scale"], c["dy_row_stride"]) == (yb.data_ptr(), dx.data_ptr(), 2.0, 7)
+    assert c["dy"] != dy.data_ptr()
