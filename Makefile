@@ -4,7 +4,8 @@
 #   make test            Python dependencies (only those that do not import), the library, pytest
 #   make bench           the main job: python3 -m pysoftmax bench
 #   make gate            benchmark regression gate against this GPU's stored baseline
-#   make amd             cross-compile check for AMD targets (Debian's hipcc, no GPU needed)
+#   make amd             the AMD build (ROCm's hipcc, or Debian's clang-19 without ROCm) and its
+#                        check: wave widths and a load (tools/amd_check.py; no AMD GPU needed)
 #   make sanitize        compute-sanitizer memcheck/racecheck/synccheck over every kernel family
 #
 # Overridable: HIP_PLATFORM=nvidia|amd, GPU_ARCHS (nvidia: "80 90"; amd: "gfx90a gfx942 ..."),
@@ -49,18 +50,51 @@ ifeq ($(HIP_PLATFORM),nvidia)
   endif
   ARCH_NAMES := $(foreach a,$(GPU_ARCHS),sm_$(a))
 else ifeq ($(HIP_PLATFORM),amd)
-  # Debian's hipcc is ROCm 5.2, which knows no gfx942/gfx1100; newer ROCm gets them by default.
-  HIP_MAJOR := $(shell $(HIPCC) --version 2>/dev/null | sed -n 's/^HIP version: \([0-9]*\)\..*/\1/p')
-  ifeq ($(HIP_MAJOR),5)
-    GPU_ARCHS ?= gfx90a gfx940 gfx1030
-  else
-    GPU_ARCHS ?= gfx90a gfx942 gfx1030 gfx1100
+  # Three toolchains, the first found: ROCm's own hipcc (an AMD machine: its default targets);
+  # Debian's clang-19 with Debian's HIP headers and device libraries (the targets Debian's ROCm 5.2
+  # does not know, on a machine without ROCm: README, "AMD"); Debian's hipcc alone (ROCm 5.2:
+  # gfx90a and gfx1030 only, its gfx940 being no MI300 target). AMD_TOOLCHAIN=rocm|clang|hipcc forces one.
+  CLANG_HIP ?= $(firstword $(wildcard /usr/lib/llvm-19/bin/clang++) $(shell command -v clang++-19 2>/dev/null))
+  ifeq ($(origin AMD_TOOLCHAIN),undefined)
+    ifneq ($(wildcard /opt/rocm/bin/hipcc),)
+      AMD_TOOLCHAIN := rocm
+    else ifneq ($(CLANG_HIP),)
+      AMD_TOOLCHAIN := clang
+    else
+      AMD_TOOLCHAIN := hipcc
+    endif
   endif
-  COMPILER  := HIP_PLATFORM=amd $(HIPCC)
+  ifeq ($(AMD_TOOLCHAIN),clang)
+    GPU_ARCHS   ?= gfx90a gfx942 gfx1030 gfx1100 gfx1201
+    HIP_PATH    ?= /usr
+    DEVICE_LIBS ?= /usr/lib/x86_64-linux-gnu/amdgcn/bitcode
+    # Debian's device libraries plus a generated ISA-version file for each target they lack.
+    DEVLIB_DIR  := build/amd/devlibs
+    COMPILER    := $(CLANG_HIP) --hip-path=$(HIP_PATH)
+    CXXFLAGS    ?= -O3 -std=c++17 -fPIC -Wall -x hip --rocm-device-lib-path=$(DEVLIB_DIR)
+    LDFLAGS     ?= -shared -fPIC --hip-link
+  else
+    ifeq ($(AMD_TOOLCHAIN),rocm)
+      HIPCC := /opt/rocm/bin/hipcc
+    else ifneq ($(AMD_TOOLCHAIN),hipcc)
+      $(error AMD_TOOLCHAIN='$(AMD_TOOLCHAIN)': expected rocm, clang or hipcc)
+    endif
+    HIP_VERSION := $(shell $(HIPCC) --version 2>/dev/null | sed -n 's/^HIP version: \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+    HIP_MAJOR   := $(word 1,$(HIP_VERSION))
+    HIP_MINOR   := $(word 2,$(HIP_VERSION))
+    ifeq ($(HIP_MAJOR),5)
+      GPU_ARCHS ?= gfx90a gfx1030
+    else ifeq ($(HIP_MAJOR),6)
+      GPU_ARCHS ?= gfx90a gfx942 gfx1030 gfx1100 $(if $(filter 0 1 2,$(HIP_MINOR)),,gfx1201)
+    else
+      GPU_ARCHS ?= gfx90a gfx942 gfx950 gfx1030 gfx1100 gfx1201
+    endif
+    COMPILER  := HIP_PLATFORM=amd $(HIPCC)
+    CXXFLAGS  ?= -O3 -std=c++17 -fPIC -Wall -x hip
+    LDFLAGS   ?= -shared -fPIC
+  endif
   ARCH_FLAGS := $(foreach a,$(GPU_ARCHS),--offload-arch=$(a))
-  CXXFLAGS  ?= -O3 -std=c++17 -fPIC -Wall -x hip
-  DEPFLAGS  := -MMD -MP
-  LDFLAGS   ?= -shared -fPIC
+  DEPFLAGS   := -MMD -MP
   ifeq ($(FAST_MATH),1)
     CXXFLAGS += -ffast-math
   endif
@@ -73,8 +107,11 @@ comma := ,
 space := $() $()
 DEFINES += -DSOFTMAX_ARCHS='"$(subst $(space),$(comma),$(strip $(ARCH_NAMES)))"'
 
-.PHONY: all lib deps test bench gate baseline amd sanitize tune clean
+.PHONY: all lib platform deps test bench gate baseline amd amd-check sanitize tune clean
 all: lib
+
+platform:  # what `make` builds for here (setup.py asks)
+	@echo $(HIP_PLATFORM)
 
 ifeq ($(HIP_PLATFORM),none)
 lib:
@@ -95,6 +132,32 @@ $(BUILD)/%.o: hip/%.cu Makefile | $(BUILD)
 $(BUILD):
 	mkdir -p $@
 
+# The objects remember what built them: another compiler, flags or architecture list rebuilds them.
+ifneq ($(HIP_PLATFORM),none)
+BUILD_STAMP := $(BUILD)/.flags
+BUILD_LINE  := $(COMPILER) $(CXXFLAGS) $(ARCH_FLAGS) $(DEFINES)
+$(shell mkdir -p $(BUILD) && (echo '$(BUILD_LINE)' | cmp -s - $(BUILD_STAMP) || echo '$(BUILD_LINE)' > $(BUILD_STAMP)))
+$(OBJECTS): $(BUILD_STAMP)
+endif
+
+ifdef DEVLIB_DIR
+# Debian's device libraries, linked, plus oclc_isa_version_<N>.bc for each target of gfx<N> they
+# lack. Its one constant, __oclc_ISA_version, is major * 1000 + minor * 100 + stepping, where the
+# last two digits of N are minor and stepping in hex: gfx942 -> 9402, gfx1201 -> 12001.
+$(DEVLIB_DIR)/.made: $(BUILD_STAMP)
+	rm -rf $(DEVLIB_DIR) && mkdir -p $(DEVLIB_DIR)
+	ln -s $(DEVICE_LIBS)/*.bc $(DEVLIB_DIR)/
+	set -e; for a in $(GPU_ARCHS); do \
+	  n=$${a#gfx}; f=$(DEVLIB_DIR)/oclc_isa_version_$$n.bc; [ -e $$f ] && continue; \
+	  major=$${n%??}; rest=$${n#$$major}; minor=$${rest%?}; step=$${rest#?}; \
+	  v=$$(( major * 1000 + 0x$$minor * 100 + 0x$$step )); \
+	  echo "const __constant int __oclc_ISA_version = $$v;" > $(DEVLIB_DIR)/isa_$$n.cl; \
+	  $(CLANG_HIP) -x cl -cl-std=CL2.0 -target amdgcn-amd-amdhsa -nogpulib -emit-llvm -c \
+	    $(DEVLIB_DIR)/isa_$$n.cl -o $$f; echo "generated $$f ($$v)"; done
+	touch $@
+$(OBJECTS): | $(DEVLIB_DIR)/.made
+endif
+
 -include $(OBJECTS:.o=.d)
 
 deps:
@@ -112,9 +175,14 @@ gate: deps lib
 baseline: deps lib
 	$(PYTHON) -m pysoftmax gate --save
 
-# Cross-compile for AMD targets: proves the wave64 and wave32 paths keep compiling.
+# The AMD build on any machine (no AMD GPU needed), then its check: every kernel's wave width
+# (64 on gfx9, 32 on RDNA) and a load with the HIP runtime (tools/amd_check.py).
 amd:
 	$(MAKE) HIP_PLATFORM=amd $(if $(AMD_ARCHS),GPU_ARCHS="$(AMD_ARCHS)") build/amd/libsoftmax.so
+	$(PYTHON) tools/amd_check.py build/amd
+
+amd-check:
+	$(PYTHON) tools/amd_check.py build/amd
 
 sanitize: deps lib
 	$(PYTHON) tools/sanitize.py

@@ -74,21 +74,30 @@ def baseline_path(gpu_name):
     return os.path.join(BASELINES, slug(gpu_name) + ".json")
 
 
-def _pytest(args):
+def _pytest(args, suite):
+    """pytest in the suite's parent directory (the checkout, for the real suite)."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     print("+", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, cwd=REPO)
+    return subprocess.call(cmd, cwd=os.path.dirname(os.path.abspath(suite)))
+
+
+def _need_suite(suite):
+    if not os.path.isdir(suite):
+        raise GateError(f"the gate runs the benchmark suite of a checkout ({suite} is missing): "
+                        "run it from the repository, where `make gate` works")
 
 
 def save(path, suite=SUITE, extra=(), timer=TIMER):
     """Run the suite and write its results to `path` (the baseline of this GPU model)."""
+    _need_suite(suite)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return _pytest([suite, timer, f"--benchmark-json={path}", "-q", *extra])
+    return _pytest([suite, timer, f"--benchmark-json={path}", "-q", *extra], suite)
 
 
 def compare(baseline, gpu_name, suite=SUITE, threshold=THRESHOLD, extra=(), timer=TIMER, select=GATED):
     """Run the suite's gated benchmarks (`select`, a pytest -k expression) against `baseline`; the
     exit status is pytest's (non-zero on a regression)."""
+    _need_suite(suite)
     if not os.path.exists(baseline):
         raise GateError(f"no baseline for GPU {gpu_name!r} at {baseline}; create it with `make baseline`")
     with open(baseline) as f:
@@ -102,7 +111,7 @@ def compare(baseline, gpu_name, suite=SUITE, threshold=THRESHOLD, extra=(), time
     from pytest_benchmark.utils import get_machine_id
 
     # pytest-benchmark reports storage paths relative to the working directory: keep it inside.
-    scratch = os.path.join(REPO, ".benchmarks")
+    scratch = os.path.join(os.path.dirname(os.path.abspath(suite)), ".benchmarks")
     os.makedirs(scratch, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch) as storage:
         folder = os.path.join(storage, get_machine_id())
@@ -110,4 +119,4 @@ def compare(baseline, gpu_name, suite=SUITE, threshold=THRESHOLD, extra=(), time
         shutil.copy(baseline, os.path.join(folder, "0001_baseline.json"))
         return _pytest([suite, timer, f"--benchmark-storage=file://{storage}", "--benchmark-compare=0001",
                         f"--benchmark-compare-fail={threshold}", "--benchmark-columns=median,iqr,rounds",
-                        "--benchmark-sort=fullname", "-q", "-k", select, *extra])
+                        "--benchmark-sort=fullname", "-q", "-k", select, *extra], suite)

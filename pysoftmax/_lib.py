@@ -1,7 +1,7 @@
 """The one module that owns libsoftmax.so.
 
-Finds the library (``PYSOFTMAX_LIB``, then this package's directory, then the repository's
-``build/<platform>/``), declares every function's argtypes/restype in one table, mirrors
+Finds the library (``PYSOFTMAX_LIB``, then this package's directory, then, in a checkout, the
+repository's ``build/<platform>/``), declares every function's argtypes/restype in one table, mirrors
 ``softmax_problem_t`` from ``hip/softmax.h``, and turns C status codes into ``SoftmaxError``
 in one place. Nothing here touches the GPU: loading works on a machine without one.
 """
@@ -81,12 +81,14 @@ _lib = None
 
 
 def candidates():
-    """Paths tried, in order: $PYSOFTMAX_LIB, the package directory, the repo's build dirs."""
+    """Paths tried, in order: $PYSOFTMAX_LIB, the package directory, and, for a package imported
+    from a checkout (not an installed one), the checkout's build dirs."""
     env = os.environ.get("PYSOFTMAX_LIB")
     if env:
         return [env]
     paths = [os.path.join(_PACKAGE_DIR, _LIB_NAME)]
-    paths += [os.path.join(_REPO_DIR, "build", p, _LIB_NAME) for p in ("nvidia", "amd")]
+    if os.path.isfile(os.path.join(_REPO_DIR, "hip", "softmax.h")):
+        paths += [os.path.join(_REPO_DIR, "build", p, _LIB_NAME) for p in ("nvidia", "amd")]
     return paths
 
 
@@ -115,8 +117,8 @@ def _load():
         handle.path = path
         return handle
     raise LibraryNotFoundError(
-        "libsoftmax.so not found; build it with `make` in the repository root "
-        "(or point PYSOFTMAX_LIB at it). Tried: " + "; ".join(tried)
+        "libsoftmax.so not found; build it with `make` in the repository root, or install the "
+        "package with `pip install .` there (or point PYSOFTMAX_LIB at it). Tried: " + "; ".join(tried)
     )
 
 

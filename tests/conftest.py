@@ -48,4 +48,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_header(config):
-    return f"pysoftmax GPU tests: {'enabled' if HAS_GPU else 'SKIPPED — ' + GPU_REASON}"
+    import pysoftmax
+    from pysoftmax import _lib
+
+    try:
+        library = _lib.lib().path
+    except Exception as e:
+        library = f"not loadable ({type(e).__name__})"
+    return [f"pysoftmax {pysoftmax.__version__} from {pysoftmax.__file__}; library {library}",
+            f"pysoftmax GPU tests: {'enabled' if HAS_GPU else 'SKIPPED — ' + GPU_REASON}"]

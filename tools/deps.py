@@ -36,8 +36,9 @@ def _import(name):
         return None
 
 
-def cupy_wheel(platform):
-    """The CuPy distribution for this toolkit, or None when there is no GPU platform."""
+def cupy_wheel(platform, required=True):
+    """The CuPy distribution for this toolkit, or None when there is no GPU platform (or, with
+    required=False, when nvcc cannot tell its release)."""
     if platform == "amd":
         return "cupy-rocm-7-0"
     if platform != "nvidia":
@@ -45,9 +46,13 @@ def cupy_wheel(platform):
     try:
         text = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
+        if not required:
+            return None
         sys.exit(f"deps: cannot run `nvcc --version` to pick the CuPy wheel ({e}); put nvcc on PATH")
     match = re.search(r"release (\d+)\.", text)
     if not match:
+        if not required:
+            return None
         sys.exit(f"deps: no CUDA release in `nvcc --version` output:\n{text}")
     return f"cupy-cuda{match.group(1)}x"
 
