@@ -79,6 +79,23 @@ def _torch_rows(torch, shape, add):
     add("pysoftmax.torch", "softmax(t, scale=s, mask=keep)", _case(lambda: pst.softmax(t, scale=0.125, mask=keep), sync))
     add("pysoftmax.torch", "forward + backward through autograd",
         _case(fwd_bwd(lambda x: pst.softmax(x)), sync, 500))
+    # The floor of any Python autograd node: torch's own kernels, inside an autograd.Function.
+    if not hasattr(_torch_rows, "node"):
+        class _TorchKernelsInPythonNode(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                y = torch._softmax(x, -1, False)
+                ctx.save_for_backward(y)
+                return y
+
+            @staticmethod
+            def backward(ctx, dy):
+                (y,) = ctx.saved_tensors
+                return torch._softmax_backward_data(dy, y, -1, y.dtype)
+
+        _torch_rows.node = _TorchKernelsInPythonNode
+    add("parts", "torch's softmax kernels in a Python autograd.Function: forward + backward",
+        _case(fwd_bwd(_torch_rows.node.apply), sync, 500))
     add("pysoftmax.torch", "torch.ops.pysoftmax.softmax (the registered operator, eager)",
         _case(lambda: torch.ops.pysoftmax.softmax(t, None, 1.0, False, "fused"), sync))
 
