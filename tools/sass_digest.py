@@ -4,13 +4,14 @@
     python3 tools/sass_digest.py --compare BEFORE.json AFTER.json
 
 `cuobjdump -sass` lists each architecture's functions; each function's instructions (the text
-and the encodings, no line information) are hashed with md5 under "<arch> <function>". With
+and the encodings, no line information) are hashed with md5 under "<object file name> <arch> <function>". With
 --compare, the two digests must name the same functions with the same hashes: exit 0 and a
 one-line summary, or exit 1 listing what differs. Needs cuobjdump (the CUDA toolkit's).
 """
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def digest(paths):
 
         def flush():
             if name is not None:
-                key = f"{arch} {name}"
+                key = f"{os.path.basename(path)} {arch} {name}"
                 if key in out:
                     raise SystemExit(f"sass_digest: {key} appears twice")
                 out[key] = hashlib.md5("\n".join(body).encode()).hexdigest()
@@ -67,7 +68,7 @@ def main(argv):
     d = digest(argv[1:])
     with open(argv[0], "w") as f:
         json.dump(d, f, indent=0, sort_keys=True)
-    archs = sorted({k.split()[0] for k in d})
+    archs = sorted({k.split()[1] for k in d})
     print(f"sass_digest: {len(d)} functions ({', '.join(archs)}) -> {argv[0]}")
     return 0
 
