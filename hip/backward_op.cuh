@@ -1,0 +1,116 @@
+// backward_op.cuh — the backward operation: dx = scale * y * (dy - sum(dy * y)).
+#pragma once
+
+#include "span.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Backward: dx = scale * y * (dy - sum(dy * y)).
+
+template <typename C> struct GradItem {
+  C y, dy;
+};
+
+template <typename T> struct BackwardOp {
+  using Storage = T;
+  using C = typename Compute<T>::type;
+  using Item = GradItem<C>;
+  using Stat = C;
+  static constexpr int kInputs = 2;  // y and dy
+  static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
+  static constexpr int kStageWarpMin = 0, kStageWarpMax = INT_MAX;
+  // Groups of one or two lanes (16-bit rows of 32 or fewer, float32 of 16) do not stage (H200,
+  // 16-bit rows of 32: 82% -> 93% of copy bandwidth; of 16: 60% -> 87%).
+  static constexpr int kStageWarpMinGroup = 4;
+  static constexpr int kTinyOneRowMaxGroup = 0;  // see ForwardOp (float32 rows of 16-128: under 1%)
+  static constexpr bool kStageBlock = true, kStageStream = true;
+  static constexpr bool kWideShortRows = false;
+  // Two arrays per value already put enough bytes in flight; any register cap made it spill
+  // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
+  static constexpr int kWarpMinBlocks = 1;
+  // Nothing read ahead (ForwardOp::kPipe): its rows stage from groups of 4 lanes, and rows of 32
+  // already run at 99%.
+  static constexpr bool kPipe = false;
+  template <int, int> struct Fetch {};
+  static constexpr int kBlockMaxThreads = 512;
+  static constexpr int kBlockBoundThreads = kBlockMaxThreads;
+  static constexpr int kStreamMinBlocks = 1;
+  // See ForwardOp::kFullGridWarp. float32 rows gained 4-5 points (rows of 32-2048: 97-99% ->
+  // 102-104%); 16-bit rows moved both ways (32: 83 -> 89, 128: 97 -> 93, 1024: 99 -> 92).
+  static constexpr bool kFullGridWarp = sizeof(T) == 4, kFullGridBlock = kFullGridWarp;
+
+  const T* y;
+  const T* dy;
+  T* dx;
+  int64_t y_stride, dy_stride, dx_stride, cols;
+  C scale;
+
+  struct Row {
+    const T* y;
+    const T* dy;
+    T* dx;
+  };
+
+  // rows_warp's walk (ForwardOp::Walk): nothing to carry, a row's pointers are all it needs.
+  struct Walk {};
+  __device__ __forceinline__ Walk walk(int64_t) const { return {}; }
+  __device__ __forceinline__ void advance(Walk&, const Walk&) const {}
+  __device__ __forceinline__ Row row(int64_t r) const {
+    return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
+  }
+  __device__ __forceinline__ Row row(int64_t r, const Walk&) const { return row(r); }
+  __device__ __forceinline__ Row prefetch_row(int64_t r, const Walk& = {}) const { return row(r); }
+  __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
+  __device__ __forceinline__ SumOp merge() const { return {}; }
+
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
+    prefetch_span<T, kPack, kPacks>(w.y, s, s.end, live, st);
+    prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
+  }
+
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void load(const Row& w, const S& s, bool live, Item* v, const Stage* st = nullptr) const {
+    C a[kPacks * kPack], b[kPacks * kPack];
+    const Stage dy_st = st ? st->at(kPacks) : Stage{};
+    load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a, st);
+    load_span<C, T, kPack, kPacks>(w.dy, s, s.end, live, b, st ? &dy_st : nullptr);
+#pragma unroll
+    for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
+  }
+
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void store(const Row& w, const S& s, const Item* v) const {
+    Narrowed<T, kPack> out[kPacks];
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      C dx[kPack];
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) dx[i] = v[j * kPack + i].y;
+      narrow<T, kPack>(dx, out[j]);
+    }
+    store_span<T, kPack, kPacks>(w.dx, s, out);
+  }
+
+  // The result goes into Item::y (store() reads it from there).
+  template <int N, typename Reduce>
+  __device__ __forceinline__ void finish(Item* v, Reduce reduce) const {
+    C d = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) d += v[i].y * v[i].dy;
+    d = reduce(d, SumOp());
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i].y = scale * v[i].y * (v[i].dy - d);
+  }
+
+  static __device__ __forceinline__ Stat stat_init() { return C(0); }
+  template <int N> __device__ __forceinline__ void accumulate(Stat& st, const Item* v) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) st += v[i].y * v[i].dy;
+  }
+  using Final = C;
+  static __device__ __forceinline__ Final finalize(Stat st) { return st; }
+  template <int N> __device__ __forceinline__ void apply(Item* v, Final d) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i].y = scale * v[i].y * (v[i].dy - d);
+  }
+};

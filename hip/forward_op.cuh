@@ -1,0 +1,636 @@
+// forward_op.cuh — the forward operation: softmax(x * scale + mask), with an optional causal limit.
+//
+// Mask kinds, the row divisor, and ForwardOp, the struct the families are templated on (the
+// interface is described in kernels.cuh).
+#pragma once
+
+#include "span.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Forward: softmax(x * scale + mask) with an optional causal limit.
+
+// The mask a ForwardOp instantiation reads: each kind is its own set of kernels, because the code
+// of a kind costs registers and bandwidth even where it is never executed (see the top).
+// All but kAddMask fold the scale into the exponent (exp(scale * (x - max)) = exp(x * scale -
+// max(x * scale)) for scale > 0): their loads only widen and mask, one multiply per element fewer
+// in kernels bound by the instructions they issue. A scale that cannot be folded (<= 0, or one
+// whose factor overflows) takes kAddMask, which applies it on load.
+enum MaskKind {
+  kNoMask = 0,    // plain softmax(x * scale), scale folded
+  kBoolMask = 1,  // a causal limit, with or without a boolean mask (True keeps); scale folded
+  kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
+  kPadMask = 3,   // a boolean mask without a causal limit; scale folded. Its spans are never cut, so
+                  // 16-bit rows drop their per-pack tests without a warp vote (with_reach)
+};
+
+// Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
+// and a 32-bit division, which the GPU does not have, costs about 20 instructions; a divisor
+// below 2^32 carries the constants that make it a multiply-high, a subtract, an add and two shifts
+// (Granlund & Montgomery 1994, "Division by invariant integers using multiplication", the
+// round-up method). H200, 16-bit masked rows: 2-5 points of copy bandwidth on every length.
+// Indices past 2^32 take the 64-bit sequence.
+struct Divisor {
+  int64_t d = 0;
+  uint32_t m = 0, s1 = 0, s2 = 0;  // set where 0 < d < 2^32
+  // n / d for n < 2^32: t = the high word of n * m, then (t + (n - t) / 2^s1) / 2^s2.
+  __host__ __device__ __forceinline__ uint32_t quotient(uint32_t n) const {
+    const uint32_t t = static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
+    return (t + ((n - t) >> s1)) >> s2;
+  }
+};
+inline Divisor make_divisor(int64_t d) {
+  Divisor v;
+  v.d = d;
+  if (d <= 0 || d >> 32) return v;
+  uint32_t l = 0;  // ceil(log2(d))
+  while ((uint64_t{1} << l) < static_cast<uint64_t>(d)) ++l;
+  v.m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << l) - d) / d + 1);
+  v.s1 = l < 1 ? l : 1;
+  v.s2 = l > 1 ? l - 1 : 0;
+  return v;
+}
+__device__ __forceinline__ int64_t row_div(int64_t a, const Divisor& b, int64_t* rem) {
+  if ((a | b.d) >> 32 == 0) {
+    const uint32_t q = b.quotient(static_cast<uint32_t>(a));
+    *rem = static_cast<uint32_t>(a) - q * static_cast<uint32_t>(b.d);
+    return q;
+  }
+  *rem = a % b.d;
+  return a / b.d;
+}
+
+template <typename T, int kMask> struct ForwardOp {
+  static constexpr bool kMasked = kMask != kNoMask;
+  static constexpr bool kBool = kMask == kBoolMask || kMask == kPadMask;  // a boolean mask's loaders
+  // Whether a span's bound may lie before its end (a causal limit): the loaders' kCut.
+  static constexpr bool kCausal = kMask == kBoolMask || kMask == kAddMask;
+  using Storage = T;
+  using C = typename Compute<T>::type;
+  using Item = C;
+  using Stat = MaxSum<C>;
+  static constexpr bool kFoldsScale = kMask != kAddMask;
+  // Arrays read per column, for register budgets: the mask counts as a second one.
+  static constexpr int kInputs = kMasked ? 2 : 1;
+  // Packs staged per pack of the row: x. Which families stage it (H200): masked rows_warp and
+  // rows_stream, and rows_block with a float mask, needed 128 registers and spilled when staged
+  // (70-86 unstaged, and faster); a boolean-masked rows_block stays at 82 and gains 10-25%.
+  static constexpr int kStaged = 1;
+  static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
+  static constexpr int kStageWarpMax = kBool ? kStagedPacks : kMasked ? 0 : INT_MAX;
+  // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the
+  // copies' instructions cost more than the latency they hide (H200, float16 rows of 16: 70% ->
+  // 86% of copy bandwidth). Nor do 16-bit groups of two (rows of 32): staged, they took 80 registers (6
+  // blocks an SM), unstaged 60 (H200: 88% -> 94%; measured the other way, 82% unstaged against
+  // 88% staged, before the full grid and the loaders' split). float32 groups of 2-16 lanes
+  // (rows of 16-128) ran the same either way and stay staged.
+  static constexpr int kStageWarpMinGroup = sizeof(T) == 2 ? 4 : 2;
+  // The widest tiny-table group (dispatch.cuh, warp_rows) that holds one row where two fit
+  // kRowRegisters: unmasked float32 groups of any width and 16-bit ones below kMaxGroup lanes. One
+  // row took 44 registers instead of 59 (float32), so more warps are resident (H200, float32 rows
+  // of 32-256: 97-98% -> 100-101% of copy bandwidth, where torch.softmax runs 99-100% at 128-256;
+  // 16-bit rows of 16-32: 91-97% -> 98-100%). 16-bit full groups (rows of 512: 98 -> 94), float64
+  // (rows of 16-128: 95-98 -> 91-93) and masked float32 (rows of 8-128: -2-5%) keep two.
+  static constexpr int kTinyOneRowMaxGroup = kMasked || sizeof(T) == 8 ? 0 : sizeof(T) == 4 ? kMaxGroup : kMaxGroup / 2;
+  // Boolean-masked 16-bit short rows take kStagedPacks packs a lane, staged, in narrower groups
+  // than the tiny table's kTinyPacksVec unstaged (dispatch.cuh, kWideMinGroup): a lane's set-up
+  // and pack tests are paid once for 32 values instead of 16 (H200, rows with a padding mask and
+  // causal limit: 128 columns 83% -> 92%, 256 84% -> 94%, 512 80% -> 95%; attention-shaped
+  // [B,16,S,S] with a padding mask, S = 128-512: 77-81% -> 86-89%; causal only: 86-89% ->
+  // 99-102%). float32 rows moved both ways (a padding mask alone, S = 128: 90 -> 84; with a causal
+  // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
+  static constexpr bool kWideShortRows = kBool && sizeof(T) == 2;
+  // Whether the masked loaders drop their per-pack tests on spans that rows fill (with_reach):
+  // not 16-bit rows under a causal limit with a boolean mask (kBoolMask), which lost (H200).
+  static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
+  // Whether uncut spans whose end falls on a pack boundary drop the per-element tests (with_reach).
+  static constexpr bool kWholeSplit = true;
+  // Whether rows_warp carries a row's causal query and mask offset from step to step (Walk,
+  // below): 16-bit rows under a causal limit. H200, rows with a padding mask and causal limit:
+  // 16-bit rows of 32 85% -> 88% of copy bandwidth (bfloat16 83 -> 86), of 128 93 -> 97, of
+  // 512-1024 97-101 -> 103-107. The walk's registers (54 -> 60 in the rows of 32) cost float32
+  // rows (128: 94 -> 82) and float masks ([512,16,128,128] float32 90 -> 76), which keep
+  // dividing; grids of about two steps a warp ([64,16,128,128] causal 73 -> 68) are left to the
+  // host's gate (forward.cu, kWalkMinSteps: 70-72 with it).
+  static constexpr bool kWalk = kMask == kBoolMask && sizeof(T) == 2;
+  // Whether rows_warp reads its unstaged vector rows a step ahead (Fetch, fetch() and take(),
+  // below): the next step's logits and mask words are in flight, in registers, while the warp
+  // reduces and stores the current rows. The same 16-bit rows under a causal limit, whose
+  // tiny-table groups stage nothing (kStageWarpMin): ncu, rows of 32 with a padding mask, had
+  // 38% of the warps' stall samples waiting on those loads, 8% after (the warps then wait on
+  // issue: take() below packs the selects). H200, with kWarpMinBlocks at 7 (72 registers),
+  // before take()'s packed selects: rows of 32 3817-3840 -> 3852-3880 GB/s (bfloat16 3764-3796 ->
+  // 3812-3839), of 64 3944-3972 -> 4146-4172 (3853-3878 -> 3989-4019). At 8 blocks (64
+  // registers) it spilled and lost (rows of 32: 3631-3640); two rows a group instead (kRows 2,
+  // no read-ahead) spilled too (3011-3013). Holding the logits as their 16-bit elements rather
+  // than the loaded words gave each element a register of its own (3109-3113).
+  static constexpr bool kPipe = kWalk;
+  static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
+  // The loaders that spill under the tighter register caps below: the float mask's (its values
+  // are converted and added), and float64 with any mask.
+  static constexpr bool kSpillsAtTightCaps = kMask == kAddMask || (kMasked && sizeof(T) == 8);
+  // Two reductions and an exp per value make the plain forward latency-bound: it trades
+  // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
+  // of 512..8192). The masked loader holds mask bits and row offsets too: 102 for the float mask
+  // (at 128, ptxas gave bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing
+  // spills), 85 (6 blocks) for the boolean one, where the staged 16-bit medium rows spill 12-16
+  // bytes and still beat 5 blocks (H200: attention pad S = 1024 81% -> 82%, rows of 1024 with a
+  // mask and causal 76% -> 80%). The read-ahead ops (kPipe) take 7 (72 registers, 8 bytes of
+  // spill): the rows of 32 read ahead need them (above), and their staged wide lanes ran faster at
+  // 72 than at the 74-75 ptxas gave them at 85 (H200, rows of 128 with a padding mask and causal limit 98.9% ->
+  // 101.5% of copy bandwidth, bfloat16 98.1 -> 100.7).
+  static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : kPipe ? 7 : 6;
+  static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
+  // The thread count vector rows_block's launch bound names, which sets its register cap: twice
+  // the block for rows of 4 bytes or less with a boolean mask, so that two rows fit an SM (64
+  // registers), where ptxas otherwise gave float16 74 and float32 83, one 512-thread block an SM:
+  // float16 rows of 16384 ran at 55% of copy bandwidth to bfloat16's 81%, and float32 at 86% ->
+  // 98% capped, though it spills 200 bytes there (H200). The float-mask and element-wise loaders
+  // spill more at 64, and a second launch-bound argument, even 1, changed ptxas's choices
+  // elsewhere (backward spilled).
+  static constexpr int kBlockBoundThreads = kBool && sizeof(T) <= 4 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
+  // Two 512-thread rows_stream blocks an SM (64 registers), except for the float mask and float64
+  // masks, which spill there (H200: boolean-masked 16-bit rows of 32768 at 70 registers, one block
+  // an SM, 57%; capped, 74%).
+  static constexpr int kStreamMinBlocks = kSpillsAtTightCaps ? 1 : 2;
+  // The register families' grid (dispatch.cuh): a block for every set of rows (true), or at most
+  // kMaxBlocksPerSm blocks an SM walking the rows in a grid-stride loop. Unmasked rows ran faster
+  // with every block launched (H200, rows of 32-4096: float32 90-94% -> 96-99% of copy
+  // bandwidth, 16-bit 85-92% -> 89-100%); masked rows, whose staged loops overlap each next
+  // row's copy with a costlier row set-up, slower (16-bit rows of 1024 with a mask 97% -> 83%,
+  // float32 rows of 512 102% -> 90%). rows_warp and rows_block decide apart: a rows_block row
+  // with a boolean mask and no causal limit ran faster with every block launched (H200,
+  // [B,H,S,S] with a [B,1,1,S] padding mask: 16-bit S = 4096 89% -> 98%, S = 8192 91% -> 94%;
+  // float32 S = 4096 90% -> 97%), where under a causal limit, whose rows differ in length, the
+  // walking grid won by 10-14 points (S = 4096-8192). Its rows_warp (the wide lanes) lost in
+  // blocks of one step (dispatch.cuh, kWideMinGroup).
+  static constexpr bool kFullGridWarp = !kMasked;
+  static constexpr bool kFullGridBlock = !kMasked || kMask == kPadMask;
+
+  const T* x;
+  T* y;
+  int64_t x_stride, y_stride, cols;
+  C scale;  // applied on load (kAddMask only)
+  C exp_k;  // the exponent's factor: exp_factor(scale) where folded, exp_factor(1) otherwise
+  Divisor causal_queries;
+  const unsigned char* mask;  // byte pointer; the element type is mask_dtype
+  int mask_dtype, mask_ndim;
+  bool mask_vec;  // whole packs of the mask can be read with one aligned access
+  Divisor mask_shape[SOFTMAX_MAX_DIMS];
+  int64_t mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
+  // rows_warp's walk (Walk, below): whether it may carry rows forward, the mask's inner row dim
+  // (1 for a mask of one row dim, or none) with its stride, the outer dim's stride, and what a
+  // wrap of the inner index adds to the offset.
+  bool walks;
+  Divisor walk_inner;
+  int64_t walk_inner_stride, walk_outer_stride, walk_wrap;
+
+  struct Row {
+    const T* x;
+    T* y;
+    const unsigned char* mask;  // start of this row's mask (element offset folded in, in bytes)
+    int64_t limit;              // columns >= limit are masked out by causal
+  };
+
+  // rows_warp visits a lane's rows r, r + step, r + 2 step, ... (its grid-stride loop). A Walk
+  // carries row r's causal query (r mod causal_queries) and mask offset on to row r + step: the
+  // step's remainder is added and one compare wraps it, where row() without one divides the row's
+  // index once for each and redoes the offsets in 64 bits. The host allows it (`walks`) where the
+  // divisors lie below 2^31 and the mask has at most two row dims.
+  struct Walk {
+    uint32_t query = 0, index = 0;  // r mod causal_queries, r mod walk_inner
+    int64_t off = 0;                // the mask's element offset of row r
+  };
+  // Row r's Walk; the step's is the same split of the step.
+  __device__ __forceinline__ Walk walk(int64_t r) const {
+    Walk k;
+    if (kWalk && walks) {
+      int64_t rem;
+      if (kCausal && causal_queries.d) {
+        row_div(r, causal_queries, &rem);
+        k.query = static_cast<uint32_t>(rem);
+      }
+      const int64_t outer = row_div(r, walk_inner, &rem);
+      k.index = static_cast<uint32_t>(rem);
+      k.off = outer * walk_outer_stride + rem * walk_inner_stride;
+    }
+    return k;
+  }
+  __device__ __forceinline__ void advance(Walk& k, const Walk& step) const {
+    if (kWalk && walks) {
+      const uint32_t queries = static_cast<uint32_t>(causal_queries.d);
+      const uint32_t inner = static_cast<uint32_t>(walk_inner.d);
+      k.query += step.query;
+      if (k.query >= queries) k.query -= queries;
+      k.index += step.index;
+      k.off += step.off;
+      if (k.index >= inner) {
+        k.index -= inner;
+        k.off += walk_wrap;
+      }
+    }
+  }
+
+  // Row r, whose Walk is k (rows_warp): the causal limit and mask offset come from k. A function
+  // of its own: folded into row() as a branch around the divisions, the 16-bit rows of 32 lost
+  // the walk's gain (H200: 88% -> 86% of copy bandwidth).
+  template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r, const Walk& k) const {
+    if (!kWalk || !walks) return row<kWithMask>(r);
+    Row w;
+    w.x = x + r * x_stride;
+    w.y = y + r * y_stride;
+    w.limit = kCausal && causal_queries.d ? min(cols, static_cast<int64_t>(k.query) + 1) : cols;
+    w.mask = kWithMask && mask ? mask + k.off * mask_elem_size() : nullptr;
+    return w;
+  }
+
+  // What prefetch() needs of row r: its logits and causal limit, not the mask's offset (whose
+  // divisions would otherwise be paid twice and held in registers across the row's arithmetic).
+  __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row<false>(r); }
+  __device__ __forceinline__ Row prefetch_row(int64_t r, const Walk& k) const { return row<false>(r, k); }
+
+  template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r) const {
+    Row w;
+    w.x = x + r * x_stride;
+    w.y = y + r * y_stride;
+    w.limit = cols;
+    if (kCausal && causal_queries.d) {
+      int64_t query;
+      row_div(r, causal_queries, &query);
+      w.limit = min(cols, query + 1);
+    }
+    w.mask = nullptr;
+    if (kMasked && kWithMask && mask) {
+      // The outermost index needs no division: the dims cover the rows, so what is left is it.
+      // One or two dims (the host merges what it can: [B,1,1,S] over [B,H,S,S] is two) take
+      // straight-line code; the loop's indexed constant loads and trip control cost as much
+      // again as its division (H200 SASS).
+      int64_t off = 0, rest = r;
+      if (mask_ndim == 2) {
+        int64_t index;
+        rest = row_div(rest, mask_shape[1], &index);
+        off = index * mask_stride[1];
+      } else if (mask_ndim != 1) {
+        for (int d = mask_ndim - 1; d >= 1; --d) {
+          int64_t index;
+          rest = row_div(rest, mask_shape[d], &index);
+          off += index * mask_stride[d];
+        }
+      }
+      if (mask_ndim > 0) off += rest * mask_stride[0];
+      w.mask = mask + off * mask_elem_size();
+    }
+    return w;
+  }
+
+  __device__ __forceinline__ int mask_elem_size() const {
+    if (kBool) return 1;  // the host sends only boolean masks (or none) here
+    return mask_dtype == SOFTMAX_FLOAT64 ? 8 : mask_dtype == SOFTMAX_FLOAT32 ? 4
+         : mask_dtype == SOFTMAX_BOOL ? 1 : 2;
+  }
+
+  static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
+  // Columns from here on are pads whatever the mask holds: the causal limit.
+  __device__ __forceinline__ int64_t live_end(const Row& w) const { return kCausal ? w.limit : cols; }
+
+  // The boolean mask applied to the pack at c: columns whose mask byte is 0, and those past the
+  // n kept (a causal limit, the row's end; n == 0 past the causal limit, which reads nothing),
+  // become the pad. Packs read whole (`whole`, see Reach) and aligned read their bytes as 32-bit
+  // words, a causal cut clears the bytes from n on, and each column is one test of its byte (a
+  // LOP3 setting a predicate) and a select, with no branch on the pack's contents: on random
+  // masks such a branch made warps diverge and run both of its paths. Each path selects on its
+  // own predicates: merged first, they outnumbered the predicate registers.
+  template <int kPack>
+  __device__ __forceinline__ void apply_bool_mask(const Row& w, int64_t c, int n, bool whole, C* x) const {
+    static_assert(kPack <= 8, "a pack's mask bytes fit two words");
+    if constexpr (kPack >= 4) {
+      if (mask_vec && whole) {
+        uint32_t words[kPack / 4];
+        load_pack<uint32_t, kPack / 4>(reinterpret_cast<const uint32_t*>(w.mask + c), words);
+        if (n < kPack) {  // 1 <= n: one 64-bit shift clears bytes n.. of both words
+          const uint64_t keep = ~uint64_t{0} >> (64 - 8 * n);
+#pragma unroll
+          for (int k = 0; k < kPack / 4; ++k) words[k] &= static_cast<uint32_t>(keep >> (32 * k));
+        }
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) x[i] = words[i / 4] & (0xffu << (8 * (i % 4))) ? scaled(x[i], C(0)) : pad();
+        return;
+      }
+    }
+    if (n > 0) {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i)
+        x[i] = i < n && w.mask[(c + i) * mask_col_stride] != 0 ? scaled(x[i], C(0)) : pad();
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) x[i] = pad();
+    }
+  }
+
+  // The additive mask (of element type M) applied to the span's loaded logits v: x * scale + mask
+  // inside the bound, the pad elsewhere. Every pack of the mask is read before any is used (a use
+  // between two loads holds the second until the first has arrived), and the caller's switch on
+  // the mask's dtype runs once a span, not once a pack. H200, [B,16,S,S] with a [B,1,1,S] padding
+  // mask, S = 64-1024: 16-bit rows with a float16 mask 47-57% -> 53-60% of copy bandwidth, with a
+  // float32 mask 47-57% -> 61-64%; float32 rows 82-86% -> 85-93%. Only 16-bit rows with both a
+  // float mask and a causal limit lost, from S = 512 on (59% -> 54%; S = 4096: 60% -> 52%).
+  template <typename M, int kPack, int kPacks, typename R, typename S>
+  __device__ __forceinline__ void add_mask_span(const Row& w, const S& s, const R& reach, C* v) const {
+    // All packs first only while they fit half a thread's row budget (16 registers): more spilled
+    // (ptxas: 236-308 bytes in rows_warp of 4-8 packs a lane), so wider spans add each pack as it
+    // arrives.
+    constexpr bool kAllFirst = kPacks * kPack * sizeof(M) <= kRowRegisters / 2 * sizeof(uint32_t);
+    const M* m = reinterpret_cast<const M*>(w.mask);
+    M raw[kPacks][kPack];
+    auto add = [&](int j) {
+      const int n = reach.template n<kPack>(s.template off<kPack>(j));
+#pragma unroll
+      for (int i = 0; i < kPack; ++i)
+        v[j * kPack + i] = i < n ? scaled(v[j * kPack + i], static_cast<C>(to_compute(raw[j][i]))) : pad();
+    };
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int o = s.template off<kPack>(j);
+      const int n = reach.template n<kPack>(o);
+      const int64_t c = s.template col<kPack>(j);
+      if (mask_vec && kPack > 1 && reach.template whole<kPack>(o)) {
+        load_pack<M, kPack>(m + c, raw[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) raw[j][i] = i < n ? m[(c + i) * mask_col_stride] : M();
+      }
+      if (!kAllFirst) add(j);
+    }
+    if (kAllFirst) {
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) add(j);
+    }
+  }
+
+  // The span's values, scaled and masked; pads (-inf) past the causal limit, the span's end, and
+  // for dead rows. Whole packs past the causal limit are never read (the pack the limit cuts is
+  // read whole, and its columns from the limit on become the pad).
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
+    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
+    prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, st);
+  }
+
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void load(const Row& w, const S& s, bool live, C* v, const Stage* st = nullptr) const {
+    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
+    if constexpr (kBool && kPack > 1 && sizeof(T) <= 4) {
+      if (sizeof(T) == 2 || st) {  // `st` is known where this is inlined: staged or not
+        load_bool<kPack, kPacks>(w, s, bound, live, v, st);
+        return;
+      }
+    }
+    load_span<C, T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, v, st);
+    // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
+    // the others, and the boolean mask's False columns, become the pad. A boolean mask here is
+    // read a pack at a time (masks are mostly broadcast rows served from cache, and holding them
+    // for every pack would double the registers the row needs); the additive one as
+    // add_mask_span says.
+    with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
+      if constexpr (kMask == kAddMask) {
+        switch (mask ? mask_dtype : SOFTMAX_NONE) {
+          case SOFTMAX_FLOAT16: add_mask_span<__half, kPack, kPacks>(w, s, reach, v); return;
+          case SOFTMAX_BFLOAT16: add_mask_span<bf16_t, kPack, kPacks>(w, s, reach, v); return;
+          case SOFTMAX_FLOAT32: add_mask_span<float, kPack, kPacks>(w, s, reach, v); return;
+          case SOFTMAX_FLOAT64: add_mask_span<double, kPack, kPacks>(w, s, reach, v); return;
+          default: break;  // no mask, or a boolean one under an unfoldable scale: below
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.template off<kPack>(j);
+        const int n = reach.template n<kPack>(o);
+        C* x = v + j * kPack;
+        if constexpr (kMasked) {
+          if (mask) {  // boolean here
+            apply_bool_mask<kPack>(w, s.template col<kPack>(j), n, reach.template whole<kPack>(o), x);
+            continue;
+          }
+        }
+        // A whole pack, the common case, takes no per-element test (and, folded, no instruction).
+        if (n == kPack) {
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = scaled(x[i], C(0));
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = i < n ? scaled(x[i], C(0)) : pad();
+        }
+      }
+    });
+  }
+
+  // A pack's boolean mask bytes as one word (byte i nonzero: column i kept): the pack's bytes
+  // at o from the row's mask m, read as one word where the mask is contiguous and aligned, else
+  // byte by byte; all kept where there is no mask (m null).
+  template <int kPack> using MaskBits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
+  template <typename Bits, int kPack>
+  __device__ __forceinline__ Bits mask_word(const unsigned char* m, int o) const {
+    if (!m) return static_cast<Bits>(0x0101010101010101ull);
+    if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
+    Bits b = 0;
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
+    return b;
+  }
+
+  // The boolean loader of vector packs (16-bit rows, and staged float32 rows). Each pack read
+  // whole (see Reach) gives its logits and its mask's bytes as one word; a causal cut clears the
+  // bytes from the limit on, and each column is then one test of its byte and a select. What
+  // comes from global memory is read for every pack before any of it is used (a use between two
+  // loads holds the second until the first has arrived, and the branches around partial packs
+  // keep the compiler from moving loads ahead of them): the logits where they are not staged,
+  // and the mask words of 16-bit rows. Staged logits are read from their slots as they are
+  // used, and float32 mask words with them, which keeps the registers of rows held at a tight
+  // cap (H200: reading everything first spilled in rows_block and lost 10-55 points; 16-bit
+  // masked rows gained 7-16 points in rows_warp, 3-8 in rows_block; unstaged float32 rows keep
+  // the general loader, which was faster for them). A pack that the span's end cuts (rows not
+  // a multiple of a pack) is read element by element.
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void load_bool(const Row& w, const S& s, int64_t bound, bool live, C* v,
+                                            const Stage* st) const {
+    using Bits = MaskBits<kPack>;
+    const T* p = w.x + s.base;
+    const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
+    with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
+      const bool words_first = sizeof(T) == 2 || !st;
+      auto read_word = [&](int o) { return mask_word<Bits, kPack>(m, o); };
+      T raw[kPacks][kPack];
+      Bits bits[kPacks];
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.template off<kPack>(j);
+        bits[j] = 0;
+        if (reach.template whole<kPack>(o)) {
+          if (!st) load_pack<T, kPack>(p + o, raw[j]);
+          if (words_first) bits[j] = read_word(o);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        const int o = s.template off<kPack>(j);
+        const int n = reach.template n<kPack>(o);
+        C* x = v + j * kPack;
+        if (reach.template whole<kPack>(o)) {
+          if (st) load_pack<T, kPack>(static_cast<const T*>(st->slot(j)), raw[j]);
+          if (!words_first) bits[j] = read_word(o);
+          const Bits b = n < kPack ? bits[j] & ((Bits{1} << (8 * n)) - 1) : bits[j];  // 1 <= n: the causal cut
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = b & (Bits{0xff} << (8 * i)) ? static_cast<C>(to_compute(raw[j][i])) : pad();
+        } else if (n > 0) {
+#pragma unroll
+          for (int i = 0; i < kPack; ++i)
+            x[i] = i < n && (!m || m[(o + i) * mask_col_stride]) ? static_cast<C>(to_compute(p[o + i])) : pad();
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) x[i] = pad();
+        }
+      }
+    });
+  }
+
+  // rows_warp's read-ahead (kPipe): fetch() issues a row's loads into a Fetch, take() turns it
+  // into the row's values as load() would (the causal cut and the mask's False columns become
+  // the pad), a step later, and returns the lane's largest value. The logits stay the loaded
+  // 32-bit words, each converted by halves where it is used; a pack that the span's end cuts is
+  // read element by element into them.
+  template <int kPack, int kPacks> struct Fetch {
+    uint32_t words[kPacks][kPackBytes / 4];
+    MaskBits<kPack> bits[kPacks];  // 0 for packs not read
+    int lim;                       // the Reach's bound: the causal cut of take()
+  };
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void fetch(const Row& w, const S& s, bool live, Fetch<kPack, kPacks>& f) const {
+    static_assert(sizeof(T) == 2 && kPack * sizeof(T) == kPackBytes, "read-ahead: 16-bit vector packs");
+    using Bits = MaskBits<kPack>;
+    const T* p = w.x + s.base;
+    const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
+    const Reach<kCausal> reach(s, kCausal ? min(w.limit, s.end) : s.end, live);
+    f.lim = reach.lim;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int o = s.template off<kPack>(j);
+      const int n = reach.template n<kPack>(o);
+      f.bits[j] = 0;
+      if (reach.template whole<kPack>(o)) {
+        load_pack<uint32_t, kPackBytes / 4>(reinterpret_cast<const uint32_t*>(p + o), f.words[j]);
+        f.bits[j] = mask_word<Bits, kPack>(m, o);
+      } else if (n > 0) {  // only the n columns inside the span are read, logits and mask alike
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(p + o);
+        Bits b = 0;
+#pragma unroll
+        for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(i < n && (!m || m[(o + i) * mask_col_stride])) << (8 * i);
+#pragma unroll
+        for (int i = 0; i < kPack / 2; ++i)
+          f.words[j][i] = (2 * i < n ? q[2 * i] : 0u) | (2 * i + 1 < n ? static_cast<uint32_t>(q[2 * i + 1]) << 16 : 0u);
+        f.bits[j] = b;
+      }
+    }
+  }
+  // take() selects two columns at a time, on the 16-bit words: the pair's mask bytes go to the
+  // low bytes of two halves (PRMT), each half becomes 0xffff where its byte is not zero
+  // (nonzero_halves), and one LOP3 keeps the logits' halves or puts -inf's in their place; the
+  // lane's max is taken on those words too, before they are widened (max_halves). Per pack of 8
+  // columns that is 4 PRMT, 4 HSET2, 4 LOP3 and 3 maxima, where a test, a move of the pad and a
+  // maximum for each column took 24 (H200 SASS). H200, rows of 32 with a padding mask and causal
+  // limit: 3817-3822 -> 3874 GB/s float16, 3812-3822 -> 3863-3878 bfloat16 (with the selects
+  // alone 3844-3863); rows of 64 bfloat16 3996-4001 -> 4141-4167.
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ C take(const Fetch<kPack, kPacks>& f, const S& s, C* v) const {
+    using Bits = MaskBits<kPack>;
+    constexpr bool kBf16 = std::is_same<T, bf16_t>::value;
+    constexpr uint32_t kPads = kBf16 ? 0xff80ff80u : 0xfc00fc00u;  // -inf in both halves
+    uint32_t mx = 0;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      // The causal cut: the bytes from n = min(lim - o, kPack) on are cleared (n >= 1 where the
+      // pack was read; its bits are 0 where it was not).
+      const int n = min(max(f.lim - s.template off<kPack>(j), 1), kPack);
+      const Bits b = f.bits[j] & (~Bits{0} >> (8 * (kPack - n)));
+#pragma unroll
+      for (int w = 0; w < kPack / 2; ++w) {
+        // Bytes 2w and 2w + 1 of the pack's bits to bytes 0 and 2 of a word, bytes 1 and 3 from
+        // the zero operand (PRMT selector nibble 4: its byte 0).
+        const uint32_t word = static_cast<uint32_t>(b >> (32 * (2 * w / 4)));
+        const uint32_t sel = ((2 * w) % 4) | 0x40u | (((2 * w) % 4 + 1) << 8) | 0x4000u;
+        const uint32_t keep = nonzero_halves(__byte_perm(word, 0u, sel));
+        const uint32_t x = (f.words[j][w] & keep) | (kPads & ~keep);
+        mx = j == 0 && w == 0 ? x : max_halves(mx, x, kBf16);
+        v[j * kPack + 2 * w] = half_to_compute<T>(x, 0);
+        v[j * kPack + 2 * w + 1] = half_to_compute<T>(x, 1);
+      }
+    }
+    return MaxOp()(half_to_compute<T>(mx, 0), half_to_compute<T>(mx, 1));
+  }
+
+  // v[i] = exp_of(v[i], ref) for a row's N values. float rows take exp2(v * k - round(ref * k)):
+  // one FFMA an element instead of a subtract and a multiply. The rounding of ref * k shifts
+  // every exponent of the row by the same c (|c| <= ulp(ref * k) / 2), a factor 2^-c that the
+  // normalisation cancels; each exponent is rounded once (the subtract and multiply: twice).
+  // Rows whose |ref * k| reaches kFmaExpBound (c could then scale the sum out of range) take the
+  // subtract, decided per warp (every caller runs finish with whole warps). H200, on top of the
+  // walk: 16-bit rows of 32 with a padding mask and causal limit 86% -> 89% of copy bandwidth,
+  // float masks +1-3 points (with rcp_approx for the row's 1 / sum).
+  static constexpr float kFmaExpBound = 65536.0f;  // |c| <= 2^-9: a factor within 0.14% of 1
+  template <int N> __device__ __forceinline__ void exp_row(C* v, C ref) const {
+    if constexpr (sizeof(C) == 4) {
+      const C mk = ref * exp_k;
+      if (warp_all(fabsf(mk) < kFmaExpBound)) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = exp2_approx(fmaf(v[i], exp_k, -mk));
+        return;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], ref);
+  }
+
+  // A loaded logit as the exponent sees it: as is where the scale is folded, else x * scale + add.
+  __device__ __forceinline__ C scaled(C x, C add) const { return kFoldsScale ? x : x * scale + add; }
+  __device__ __forceinline__ C exp_of(C v, C ref) const { return exp_sub(v, ref, exp_k); }
+  __device__ __forceinline__ MergeMaxSum<C> merge() const { return {exp_k}; }
+
+  template <int kPack, int kPacks, typename S>
+  __device__ __forceinline__ void store(const Row& w, const S& s, const C* v) const {
+    Narrowed<T, kPack> out[kPacks];
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) narrow<T, kPack>(v + j * kPack, out[j]);
+    store_span<T, kPack, kPacks, kWholeSplit>(w.y, s, out);
+  }
+
+  // Rows in registers: one exp per element (the max is reduced first, then the sum).
+  template <int N, typename Reduce>
+  __device__ __forceinline__ void finish(C* v, Reduce reduce) const {
+    finish<N>(v, reduce, tree_reduce<N>(v, MaxOp()));
+  }
+  template <int N, typename Reduce>
+  __device__ __forceinline__ void finish(C* v, Reduce reduce, C lane_max) const {
+    const C ref = safe_ref(reduce(lane_max, MaxOp()));
+    exp_row<N>(v, ref);
+    const C inv = safe_inverse(reduce(tree_reduce<N>(v, SumOp()), SumOp()));
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] *= inv;
+  }
+
+  // Streaming: the online pair, updated once per N values (one rescale per N, not per value).
+  static __device__ __forceinline__ Stat stat_init() { return {neg_inf<C>(), C(0)}; }
+  template <int N> __device__ __forceinline__ void accumulate(Stat& st, const C* v) const {
+    const C m = MaxOp()(st.m, tree_reduce<N>(v, MaxOp()));
+    const C ref = safe_ref(m);
+    C e[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) e[i] = exp_of(v[i], ref);
+    st = {m, st.s * exp_of(st.m, ref) + tree_reduce<N>(e, SumOp())};
+  }
+  struct Final {
+    C ref, inv;
+  };
+  static __device__ __forceinline__ Final finalize(Stat st) { return {safe_ref(st.m), safe_inverse(st.s)}; }
+  template <int N> __device__ __forceinline__ void apply(C* v, Final f) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], f.ref) * f.inv;
+  }
+};
