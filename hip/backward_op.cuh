@@ -1,6 +1,7 @@
 // backward_op.cuh — the backward operation: dx = scale * y * (dy - sum(dy * y)).
 #pragma once
 
+#include "policy.cuh"
 #include "span.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -17,26 +18,21 @@ template <typename T> struct BackwardOp {
   using Stat = C;
   static constexpr int kInputs = 2;  // y and dy
   static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
-  static constexpr int kStageWarpMin = 0, kStageWarpMax = INT_MAX;
-  // Groups of one or two lanes (16-bit rows of 32 or fewer, float32 of 16) do not stage (H200,
-  // 16-bit rows of 32: 82% -> 93% of copy bandwidth; of 16: 60% -> 87%).
-  static constexpr int kStageWarpMinGroup = 4;
-  static constexpr int kTinyOneRowMaxGroup = 0;  // see ForwardOp (float32 rows of 16-128: under 1%)
-  static constexpr bool kStageBlock = true, kStageStream = true;
-  static constexpr bool kWideShortRows = false;
-  // Two arrays per value already put enough bytes in flight; any register cap made it spill
-  // (H200: uncapped rows_warp 94-100% of copy bandwidth, 66-77% at 64 or 128 registers).
-  static constexpr int kWarpMinBlocks = 1;
-  // Nothing read ahead (ForwardOp::kPipe): its rows stage from groups of 4 lanes, and rows of 32
-  // already run at 99%.
-  static constexpr bool kPipe = false;
-  template <int, int> struct Fetch {};
-  static constexpr int kBlockMaxThreads = 512;
-  static constexpr int kBlockBoundThreads = kBlockMaxThreads;
-  static constexpr int kStreamMinBlocks = 1;
-  // See ForwardOp::kFullGridWarp. float32 rows gained 4-5 points (rows of 32-2048: 97-99% ->
-  // 102-104%); 16-bit rows moved both ways (32: 83 -> 89, 128: 97 -> 93, 1024: 99 -> 92).
-  static constexpr bool kFullGridWarp = sizeof(T) == 4, kFullGridBlock = kFullGridWarp;
+  // The tuning (policy.cuh; docs/TUNING.md says why each value).
+  static constexpr Policy kPolicy = policy_row(kNoBackwardMask, sizeof(T));
+  static_assert(kPolicy.bytes == sizeof(T), "policy.cuh has no backward row for this width");
+  static constexpr int kStageWarpMin = kPolicy.stage_warp_min, kStageWarpMax = kPolicy.stage_warp_max;
+  static constexpr int kStageWarpMinGroup = kPolicy.stage_warp_min_group;
+  static constexpr int kTinyOneRowMaxGroup = kPolicy.one_row_max_group;
+  static constexpr bool kStageBlock = kPolicy.stage_block, kStageStream = kPolicy.stage_stream;
+  static constexpr bool kWideShortRows = kPolicy.wide_short_rows;
+  static constexpr int kWarpMinBlocks = kPolicy.warp_min_blocks;
+  static constexpr bool kWalk = kPolicy.walk;  // false: nothing carried or read ahead
+  template <int, int> struct Fetch {};  // the read-ahead's registers, which rows_warp declares either way
+  static constexpr int kBlockMaxThreads = kPolicy.block_max_threads;
+  static constexpr int kBlockBoundThreads = kPolicy.block_bound_threads;
+  static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
+  static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
 
   const T* y;
   const T* dy;

@@ -75,9 +75,9 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
   const typename Op::Walk step = op.walk(warps * kWarpRows);
 #pragma unroll
   for (int k = 0; k < kRows; ++k) walk[k] = op.walk(warp * kWarpRows + k * kGroups + group);
-  // Unstaged vector rows the op reads a step ahead (Op::kPipe): the step's loads were issued in
+  // Unstaged vector rows the op reads a step ahead (Op::kWalk): the step's loads were issued in
   // the step before, into `ahead`, and each row's walk moves on as its loads are issued.
-  constexpr bool kAhead = Op::kPipe && !kSlots && kPack > 1;
+  constexpr bool kAhead = Op::kWalk && !kSlots && kPack > 1;
   typename Op::template Fetch<kPack, kPacks> ahead[kAhead ? kRows : 1];
   auto fetch = [&](int64_t base) {
     if constexpr (kAhead) {

@@ -4,24 +4,11 @@
 // interface is described in kernels.cuh).
 #pragma once
 
+#include "policy.cuh"
 #include "span.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Forward: softmax(x * scale + mask) with an optional causal limit.
-
-// The mask a ForwardOp instantiation reads: each kind is its own set of kernels, because the code
-// of a kind costs registers and bandwidth even where it is never executed (see the top).
-// All but kAddMask fold the scale into the exponent (exp(scale * (x - max)) = exp(x * scale -
-// max(x * scale)) for scale > 0): their loads only widen and mask, one multiply per element fewer
-// in kernels bound by the instructions they issue. A scale that cannot be folded (<= 0, or one
-// whose factor overflows) takes kAddMask, which applies it on load.
-enum MaskKind {
-  kNoMask = 0,    // plain softmax(x * scale), scale folded
-  kBoolMask = 1,  // a causal limit, with or without a boolean mask (True keeps); scale folded
-  kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
-  kPadMask = 3,   // a boolean mask without a causal limit; scale folded. Its spans are never cut, so
-                  // 16-bit rows drop their per-pack tests without a warp vote (with_reach)
-};
 
 // Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
 // and a 32-bit division, which the GPU does not have, costs about 20 instructions; a divisor
@@ -71,100 +58,25 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr bool kFoldsScale = kMask != kAddMask;
   // Arrays read per column, for register budgets: the mask counts as a second one.
   static constexpr int kInputs = kMasked ? 2 : 1;
-  // Packs staged per pack of the row: x. Which families stage it (H200): masked rows_warp and
-  // rows_stream, and rows_block with a float mask, needed 128 registers and spilled when staged
-  // (70-86 unstaged, and faster); a boolean-masked rows_block stays at 82 and gains 10-25%.
-  static constexpr int kStaged = 1;
-  static constexpr int kStageWarpMin = kMasked ? kTinyPacksVec + 1 : 0;
-  static constexpr int kStageWarpMax = kBool ? kStagedPacks : kMasked ? 0 : INT_MAX;
-  // A lane alone on its row (16-bit rows of 16 or fewer, float32 of 8) does not stage: the
-  // copies' instructions cost more than the latency they hide (H200, float16 rows of 16: 70% ->
-  // 86% of copy bandwidth). Nor do 16-bit groups of two (rows of 32): staged, they took 80 registers (6
-  // blocks an SM), unstaged 60 (H200: 88% -> 94%; measured the other way, 82% unstaged against
-  // 88% staged, before the full grid and the loaders' split). float32 groups of 2-16 lanes
-  // (rows of 16-128) ran the same either way and stay staged.
-  static constexpr int kStageWarpMinGroup = sizeof(T) == 2 ? 4 : 2;
-  // The widest tiny-table group (dispatch.cuh, warp_rows) that holds one row where two fit
-  // kRowRegisters: unmasked float32 groups of any width and 16-bit ones below kMaxGroup lanes. One
-  // row took 44 registers instead of 59 (float32), so more warps are resident (H200, float32 rows
-  // of 32-256: 97-98% -> 100-101% of copy bandwidth, where torch.softmax runs 99-100% at 128-256;
-  // 16-bit rows of 16-32: 91-97% -> 98-100%). 16-bit full groups (rows of 512: 98 -> 94), float64
-  // (rows of 16-128: 95-98 -> 91-93) and masked float32 (rows of 8-128: -2-5%) keep two.
-  static constexpr int kTinyOneRowMaxGroup = kMasked || sizeof(T) == 8 ? 0 : sizeof(T) == 4 ? kMaxGroup : kMaxGroup / 2;
-  // Boolean-masked 16-bit short rows take kStagedPacks packs a lane, staged, in narrower groups
-  // than the tiny table's kTinyPacksVec unstaged (dispatch.cuh, kWideMinGroup): a lane's set-up
-  // and pack tests are paid once for 32 values instead of 16 (H200, rows with a padding mask and
-  // causal limit: 128 columns 83% -> 92%, 256 84% -> 94%, 512 80% -> 95%; attention-shaped
-  // [B,16,S,S] with a padding mask, S = 128-512: 77-81% -> 86-89%; causal only: 86-89% ->
-  // 99-102%). float32 rows moved both ways (a padding mask alone, S = 128: 90 -> 84; with a causal
-  // limit, rows of 128: 92 -> 97), and the float mask, unstaged, lost (16-bit S = 512: 56 -> 48).
-  static constexpr bool kWideShortRows = kBool && sizeof(T) == 2;
-  // Whether the masked loaders drop their per-pack tests on spans that rows fill (with_reach):
-  // not 16-bit rows under a causal limit with a boolean mask (kBoolMask), which lost (H200).
-  static constexpr bool kSplitCut = !(kMask == kBoolMask && sizeof(T) == 2);
-  // Whether uncut spans whose end falls on a pack boundary drop the per-element tests (with_reach).
+  static constexpr int kStaged = 1;  // packs staged per pack of the row: x
+  // The tuning (policy.cuh; docs/TUNING.md says why each value).
+  static constexpr Policy kPolicy = policy_row(kMask, sizeof(T));
+  static_assert(kPolicy.bytes == sizeof(T), "policy.cuh has no row for this mask kind and width");
+  static constexpr int kStageWarpMin = kPolicy.stage_warp_min, kStageWarpMax = kPolicy.stage_warp_max;
+  static constexpr int kStageWarpMinGroup = kPolicy.stage_warp_min_group;
+  static constexpr int kTinyOneRowMaxGroup = kPolicy.one_row_max_group;
+  static constexpr bool kWideShortRows = kPolicy.wide_short_rows;
+  static constexpr bool kSplitCut = kPolicy.split_cut;
+  // Every forward loader drops the per-element tests of uncut spans ending on a pack boundary
+  // (with_reach; the backward does not).
   static constexpr bool kWholeSplit = true;
-  // Whether rows_warp carries a row's causal query and mask offset from step to step (Walk,
-  // below): 16-bit rows under a causal limit. H200, rows with a padding mask and causal limit:
-  // 16-bit rows of 32 85% -> 88% of copy bandwidth (bfloat16 83 -> 86), of 128 93 -> 97, of
-  // 512-1024 97-101 -> 103-107. The walk's registers (54 -> 60 in the rows of 32) cost float32
-  // rows (128: 94 -> 82) and float masks ([512,16,128,128] float32 90 -> 76), which keep
-  // dividing; grids of about two steps a warp ([64,16,128,128] causal 73 -> 68) are left to the
-  // host's gate (forward.cu, kWalkMinSteps: 70-72 with it).
-  static constexpr bool kWalk = kMask == kBoolMask && sizeof(T) == 2;
-  // Whether rows_warp reads its unstaged vector rows a step ahead (Fetch, fetch() and take(),
-  // below): the next step's logits and mask words are in flight, in registers, while the warp
-  // reduces and stores the current rows. The same 16-bit rows under a causal limit, whose
-  // tiny-table groups stage nothing (kStageWarpMin): ncu, rows of 32 with a padding mask, had
-  // 38% of the warps' stall samples waiting on those loads, 8% after (the warps then wait on
-  // issue: take() below packs the selects). H200, with kWarpMinBlocks at 7 (72 registers),
-  // before take()'s packed selects: rows of 32 3817-3840 -> 3852-3880 GB/s (bfloat16 3764-3796 ->
-  // 3812-3839), of 64 3944-3972 -> 4146-4172 (3853-3878 -> 3989-4019). At 8 blocks (64
-  // registers) it spilled and lost (rows of 32: 3631-3640); two rows a group instead (kRows 2,
-  // no read-ahead) spilled too (3011-3013). Holding the logits as their 16-bit elements rather
-  // than the loaded words gave each element a register of its own (3109-3113).
-  static constexpr bool kPipe = kWalk;
-  static constexpr bool kStageBlock = kMask != kAddMask, kStageStream = !kMasked;
-  // The loaders that spill under the tighter register caps below: the float mask's (its values
-  // are converted and added), and float64 with any mask.
-  static constexpr bool kSpillsAtTightCaps = kMask == kAddMask || (kMasked && sizeof(T) == 8);
-  // Two reductions and an exp per value make the plain forward latency-bound: it trades
-  // registers for resident threads (H200: 64 registers beat an uncapped build by 10-30% on rows
-  // of 512..8192). The masked loader holds mask bits and row offsets too: 102 for the float mask
-  // (at 128, ptxas gave bfloat16 rows_warp all 128 and it ran 10-20% slower; at 102 nothing
-  // spills), 85 (6 blocks) for the boolean one, where the staged 16-bit medium rows spill 12-16
-  // bytes and still beat 5 blocks (H200: attention pad S = 1024 81% -> 82%, rows of 1024 with a
-  // mask and causal 76% -> 80%). The read-ahead ops (kPipe) take 7 (72 registers, 8 bytes of
-  // spill): the rows of 32 read ahead need them (above), and their staged wide lanes ran faster at
-  // 72 than at the 74-75 ptxas gave them at 85 (H200, rows of 128 with a padding mask and causal limit 98.9% ->
-  // 101.5% of copy bandwidth, bfloat16 98.1 -> 100.7).
-  static constexpr int kWarpMinBlocks = kSpillsAtTightCaps ? 5 : kPipe ? 7 : 6;
-  static constexpr int kBlockMaxThreads = kMasked ? 512 : 1024;
-  // The thread count vector rows_block's launch bound names, which sets its register cap: twice
-  // the block for rows of 4 bytes or less with a boolean mask, so that two rows fit an SM (64
-  // registers), where ptxas otherwise gave float16 74 and float32 83, one 512-thread block an SM:
-  // float16 rows of 16384 ran at 55% of copy bandwidth to bfloat16's 81%, and float32 at 86% ->
-  // 98% capped, though it spills 200 bytes there (H200). The float-mask and element-wise loaders
-  // spill more at 64, and a second launch-bound argument, even 1, changed ptxas's choices
-  // elsewhere (backward spilled).
-  static constexpr int kBlockBoundThreads = kBool && sizeof(T) <= 4 ? 2 * kBlockMaxThreads : kBlockMaxThreads;
-  // Two 512-thread rows_stream blocks an SM (64 registers), except for the float mask and float64
-  // masks, which spill there (H200: boolean-masked 16-bit rows of 32768 at 70 registers, one block
-  // an SM, 57%; capped, 74%).
-  static constexpr int kStreamMinBlocks = kSpillsAtTightCaps ? 1 : 2;
-  // The register families' grid (dispatch.cuh): a block for every set of rows (true), or at most
-  // kMaxBlocksPerSm blocks an SM walking the rows in a grid-stride loop. Unmasked rows ran faster
-  // with every block launched (H200, rows of 32-4096: float32 90-94% -> 96-99% of copy
-  // bandwidth, 16-bit 85-92% -> 89-100%); masked rows, whose staged loops overlap each next
-  // row's copy with a costlier row set-up, slower (16-bit rows of 1024 with a mask 97% -> 83%,
-  // float32 rows of 512 102% -> 90%). rows_warp and rows_block decide apart: a rows_block row
-  // with a boolean mask and no causal limit ran faster with every block launched (H200,
-  // [B,H,S,S] with a [B,1,1,S] padding mask: 16-bit S = 4096 89% -> 98%, S = 8192 91% -> 94%;
-  // float32 S = 4096 90% -> 97%), where under a causal limit, whose rows differ in length, the
-  // walking grid won by 10-14 points (S = 4096-8192). Its rows_warp (the wide lanes) lost in
-  // blocks of one step (dispatch.cuh, kWideMinGroup).
-  static constexpr bool kFullGridWarp = !kMasked;
-  static constexpr bool kFullGridBlock = !kMasked || kMask == kPadMask;
+  static constexpr bool kWalk = kPolicy.walk;
+  static constexpr bool kStageBlock = kPolicy.stage_block, kStageStream = kPolicy.stage_stream;
+  static constexpr int kWarpMinBlocks = kPolicy.warp_min_blocks;
+  static constexpr int kBlockMaxThreads = kPolicy.block_max_threads;
+  static constexpr int kBlockBoundThreads = kPolicy.block_bound_threads;
+  static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
+  static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
 
   const T* x;
   T* y;
@@ -492,7 +404,7 @@ template <typename T, int kMask> struct ForwardOp {
     });
   }
 
-  // rows_warp's read-ahead (kPipe): fetch() issues a row's loads into a Fetch, take() turns it
+  // rows_warp's read-ahead (kWalk): fetch() issues a row's loads into a Fetch, take() turns it
   // into the row's values as load() would (the causal cut and the mask's False columns become
   // the pad), a step later, and returns the lane's largest value. The logits stay the loaded
   // 32-bit words, each converted by halves where it is used; a pack that the span's end cuts is

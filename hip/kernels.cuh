@@ -1,6 +1,6 @@
 // kernels.cuh — the operations (what is computed) and the kernel families (how rows are walked),
-// included in order: span.cuh (addressing, staging, loaders), forward_op.cuh, backward_op.cuh,
-// families.cuh.
+// included in order: span.cuh (addressing, staging, loaders), policy.cuh (the tuning table),
+// forward_op.cuh, backward_op.cuh, families.cuh.
 //
 // An operation is a small struct the families are templated on:
 //   Item                   what one column holds in registers (forward: the logit; backward: y, dy)
@@ -30,6 +30,7 @@
 #pragma once
 
 #include "span.cuh"
+#include "policy.cuh"
 #include "forward_op.cuh"
 #include "backward_op.cuh"
 #include "families.cuh"

@@ -1,0 +1,78 @@
+// policy.cuh — how fast: every operation's tuning in one table, a row per operation, mask kind
+// and element width. The operations take their constants from their row (ForwardOp::kPolicy,
+// BackwardOp::kPolicy) under the names the families and the planner read (kWarpMinBlocks, ...).
+// docs/TUNING.md has, for every column, its values, why, and the measurements behind them.
+#pragma once
+
+#include <climits>
+
+#include "span.cuh"
+
+// The mask a ForwardOp reads. Each kind is its own set of kernels, because the code of a kind
+// costs registers and bandwidth even where it never runs. All but kAddMask fold the scale into
+// the exponent (exp(scale * (x - max)) = exp(x * scale - max(x * scale)) for scale > 0), so their
+// loads only widen and mask; a scale that cannot be folded (<= 0, or one whose factor overflows)
+// takes kAddMask, which applies it on load. The values are part of the kernels' symbols.
+enum MaskKind {
+  kNoMask = 0,    // plain softmax(x * scale), scale folded
+  kBoolMask = 1,  // a causal limit, with or without a boolean mask (True keeps); scale folded
+  kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
+  kPadMask = 3,   // a boolean mask without a causal limit; scale folded. Its spans are never cut, so
+                  // 16-bit rows drop their per-pack tests without a warp vote (with_reach)
+};
+
+// One row of the table. Key: the mask kind (kNoBackwardMask for the backward) and the element's
+// bytes (2: float16 and bfloat16).
+struct Policy {
+  int kind, bytes;
+  // rows_warp stages rows of [stage_warp_min, stage_warp_max] packs a lane, in groups of at least
+  // stage_warp_min_group lanes: staging hides latency where the row's copies cost less than it.
+  int stage_warp_min, stage_warp_max, stage_warp_min_group;
+  bool stage_block, stage_stream;  // rows_block / rows_stream stage their rows (the registers allow it)
+  // The widest tiny-table group that holds one row where two would fit (fewer registers, more
+  // resident warps); 0: two rows a group.
+  int one_row_max_group;
+  bool wide_short_rows;  // 16-bit short rows: kStagedPacks packs a lane, staged, in narrower groups
+  bool split_cut;        // cut loaders drop their per-pack tests on spans their rows fill
+  // rows_warp carries a row's causal query and mask offset from step to step (ForwardOp::Walk)
+  // and reads its unstaged vector rows a step ahead (ForwardOp::Fetch).
+  bool walk;
+  // Register caps, as launch bounds: rows_warp's blocks an SM, rows_block's widest block and the
+  // thread count its bound names (vector rows), rows_stream's blocks an SM.
+  int warp_min_blocks, block_max_threads, block_bound_threads, stream_min_blocks;
+  // A block for every set of rows (true), or a grid of at most kMaxBlocksPerSm blocks an SM
+  // walking the rows (dispatch.cuh): rows_warp, rows_block.
+  bool full_grid_warp, full_grid_block;
+};
+
+constexpr int kNoBackwardMask = -1;
+constexpr int kStageAny = INT_MAX;
+constexpr int kStageWarpMasked = kTinyPacksVec + 1;  // masked rows_warp stages only past the tiny table's packs
+
+// clang-format off
+constexpr Policy kPolicies[] = {
+//  kind              bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block
+  {kNoMask,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true},
+  {kNoMask,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true},
+  {kNoMask,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true},
+  {kBoolMask,         2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false},
+  {kBoolMask,         4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false},
+  {kBoolMask,         8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kAddMask,          2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kAddMask,          4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kAddMask,          8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kPadMask,          2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true},
+  {kPadMask,          4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true},
+  {kPadMask,          8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true},
+  {kNoBackwardMask,   2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
+  {kNoBackwardMask,   4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true},
+  {kNoBackwardMask,   8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
+};
+// clang-format on
+
+// The row of (kind, bytes); a missing row is a compile error where the op takes it.
+constexpr Policy policy_row(int kind, int bytes) {
+  for (const Policy& p : kPolicies)
+    if (p.kind == kind && p.bytes == bytes) return p;
+  return {kind, 0};
+}
