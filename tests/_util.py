@@ -123,7 +123,7 @@ def assert_grad_close(got, y, dy, scale, dtype, what=""):
     return err
 
 
-# hip/kernels.cuh's kMaxCluster, and dispatch.cuh's kStaticSharedBytes: the static shared memory
+# hip/span.cuh's kMaxCluster, and dispatch.cuh's kStaticSharedBytes: the static shared memory
 # of a block, (kMaxWarpsPerBlock + 2 * kMaxCluster) float64 (max, sum) pairs, left out of its stage.
 MAX_CLUSTER = 8
 STATIC_SHARED_BYTES = (32 + 2 * MAX_CLUSTER) * 16

@@ -297,7 +297,7 @@ def test_wide_short_rows(s, dtype):
 @pytest.mark.parametrize("k", [8, 67, 1024, 1500, 40000])
 def test_scale_folded_and_not(k, scale, dtype):
     """A positive scale is folded into the exponent; zero and negative ones are applied on load by
-    the general loader (hip/kernels.cuh, MaskKind). Both, with every mask kind, in every family."""
+    the general loader (hip/policy.cuh, MaskKind). Both, with every mask kind, in every family."""
     g = rng()
     x64 = rounded(g.standard_normal((2, 3, k)) * 3, dtype)
     pad = g.random((2, 1, k)) > 0.3
