@@ -22,7 +22,8 @@
 //               flushed to zero: a softmax output that small becomes 0 instead of a denormal
 //               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
 //   rcp_approx(v)           1/v by the hardware's approximation (1 ulp) where the IEEE division
-//               is a dozen instructions and a branch (NVIDIA); the division elsewhere.
+//               is an instruction sequence with a branch (NVIDIA); the division elsewhere
+//               (docs/TUNING.md, "rcp_approx (hip/compat.h)").
 //   nonzero_halves(w)       0xffff in each 16-bit half of w that is not zero, 0 in the others,
 //               for halves below 0x7c00: one HSET2 on NVIDIA (the halves compared as float16,
 //               without ftz, so that 1..0x3ff count as the subnormal numbers they are).
@@ -128,8 +129,8 @@ __device__ __forceinline__ uint32_t bf16x2_round(float lo, float hi) {
 
 #if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__)
 // nvcc merges a row's whole-pack stores with the element-wise stores of its tail path (they store
-// the same values) into predicated 2- or 4-byte stores: measured on the H200, 3x the L2 write
-// sectors and half the bandwidth. An asm store is opaque, so the two paths stay apart.
+// the same values) into predicated 2- or 4-byte stores, which write many more L2 sectors
+// (docs/TUNING.md, "store_16 (hip/compat.h)"). An asm store is opaque, so the two paths stay apart.
 __device__ __forceinline__ void store_16(void* gmem, uint4 v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(__cvta_generic_to_global(gmem)), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)

@@ -20,7 +20,7 @@ int fail(int code, const char* fmt, ...);
 // Thresholds. Lengths are in packs of kPack elements (16 bytes, or 1 element when unaligned).
 //
 // rows_warp, small rows: kTinyPacksVec packs per lane (kTinyPacksScalar when element-wise; both in
-// kernels.cuh) and several rows per group, the group as narrow as the row allows. Rows in flight
+// span.cuh) and several rows per group, the group as narrow as the row allows. Rows in flight
 // per lane multiply the bytes each lane has outstanding, which is what a row of a few dozen
 // elements lacks; narrow groups keep every lane busy on short rows.
 constexpr int tiny_packs(int pack) { return pack > 1 ? kTinyPacksVec : kTinyPacksScalar; }
@@ -39,23 +39,19 @@ template <typename Op> constexpr int warp_rows_for_pack(int pack, int packs, int
 }
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
-// walking block at least two steps (kernels.cuh has the measurements). Narrower groups lost:
-// 16-bit rows of 32 in one lane 84% -> 59-67% of copy bandwidth; so did grids whose blocks take
-// one step, where no staged copy overlaps anything (H200, [64,16,128,128] with a padding mask:
-// 65% -> 58%).
+// walking block at least two steps: narrower groups, and blocks of one step, where no staged copy
+// overlaps anything, are slower (docs/TUNING.md, "kWideMinGroup").
 constexpr int kWideMinGroup = 4;
 template <typename Op> constexpr bool wide_lanes(int pack) { return Op::kWideShortRows && kAsyncCopy && pack > 1; }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
-// Vector rows: kStagedPacks packs (64 bytes) per thread, in blocks of kBlockMinThreads to
-// kBlockMaxAutoThreads threads; longer rows take more packs per thread, then more threads (H200,
-// staged rows of 2048-32768: 64 bytes a thread beat 32 or 128 by 2-25% in every dtype, and
-// blocks past 512 threads only pay off once a thread holds its most; many such rows go to the
-// stream instead where it keeps them resident, as do float32 rows that would take 8 packs a
-// thread, see plan_rows). The smallest block is two warps:
-// a 16-bit row of 2048 in 128 threads held 32 bytes a thread, and paid its set-up and two block
-// reductions for every 16 values (H200, with a mask and causal limit: 73% -> 90% in 64 threads;
-// unmasked 90% -> 91%). Element-wise rows aim at kBlockTargetThreads threads.
+// Vector rows: kStagedPacks packs (64 bytes, the fastest) per thread, in blocks of
+// kBlockMinThreads to kBlockMaxAutoThreads threads; longer rows take more packs per thread, then
+// more threads, as larger blocks only pay off once a thread holds its most (many such rows go to
+// the stream instead where it keeps them resident, as do float32 rows that would take 8 packs a
+// thread, see plan_rows; docs/TUNING.md, "kBlockMaxAutoThreads"). The smallest block is two
+// warps, so that a short row pays its set-up and two block reductions for more values a thread
+// (docs/TUNING.md, "kBlockMinThreads"). Element-wise rows aim at kBlockTargetThreads threads.
 constexpr int kBlockMinThreads = 64;
 constexpr int kBlockMaxAutoThreads = 512;
 constexpr int kBlockTargetThreads = 256;
@@ -67,12 +63,11 @@ constexpr int kThreadsPerSm = 2048;
 // kRegistersPerSm / B of them, which is how the planner reads the ops' register caps.
 constexpr int kRegistersPerSm = 64 << 10;
 // Grids that walk their rows (grid-stride loops) launch at most this many blocks an SM: the
-// stream, the reference, and the register families where more blocks measured slower. rows_warp
+// stream, the reference, and the register families where more blocks are slower. rows_warp
 // and rows_block launch a block for every set of rows where the op asks for it
 // (Op::kFullGridWarp, Op::kFullGridBlock), in blocks of at most kBlockTargetThreads threads, up
-// to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension). Blocks of 512
-// threads, a row each, lost with the full grid: H200, 16-bit rows of 16384 95% -> 87% of copy
-// bandwidth, float32 backward of rows of 8192 100% -> 93%.
+// to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension); larger blocks are
+// slower with the full grid (docs/TUNING.md, "kMaxBlocksPerSm").
 constexpr int kMaxBlocksPerSm = 32;
 constexpr int64_t kMaxGridThreads = INT32_MAX;
 // Every block size, chosen or requested, is a multiple of the widest warp (wave64), so that it is
@@ -189,8 +184,8 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   p.stage = int64_t{p.threads} * stage_slots<Op>(Op::kStageStream, pack, unroll, 1) * kPackBytes;
   if (p.stage > dev.stage_bytes) return false;  // the stream's stage is at most 64 KiB
   // A whole row that fits the stage stays there (kStreamResident): read once, not twice. Up to
-  // all of a block's shared memory, which leaves one block an SM (H200, 16-bit backward of rows
-  // of 32768, 128 KiB: 66% -> 92% of copy bandwidth; half the memory would exclude it).
+  // all of a block's shared memory, though that leaves one block an SM (docs/TUNING.md,
+  // "plan_stream_at: resident rows").
   const int64_t steps = ceil_div(cols, step * unroll);
   if (on_chip && p.stage > 0 && p.chunks == 1) {
     if (p.stage * steps <= dev.stage_bytes) {
@@ -199,8 +194,8 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
     } else if (chunks == 0) {
       // A row too long for one block's stage is split over a cluster of blocks, each holding its
       // chunk resident, that merge their statistics through each other's shared memory: still
-      // one read of global memory, where two passes read it twice (H200: float32 backward of
-      // rows of 32768, 256 KiB, in two blocks).
+      // one read of global memory, where two passes read it twice (docs/TUNING.md,
+      // "plan_stream_at: clusters").
       for (int k = 2; k <= dev.max_cluster; ++k) {
         const int64_t chunk_steps = ceil_div(steps, k);
         if (p.stage * chunk_steps > dev.stage_bytes) continue;
@@ -235,14 +230,9 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
                  bool on_chip = true) {
   if (!plan_stream_at<Op>(rows, cols, pack, chunks, threads, dev, out, on_chip)) return false;
   // A 16-bit row resident in one block of automatic width takes half the width where that puts
-  // more of the SM's shared memory to use. Measured on the H200, forward: rows of 32768 (64 KiB)
-  // in 512 threads, two blocks an SM at their 64-register cap, ran at 86% of copy bandwidth, in
-  // 256 threads (three blocks) 90-91%; rows of 20480 56% -> 84%, of 53248 57% -> 74%; backward
-  // (one 512-thread block an SM, two of 256): rows of 20480 75% -> 95%, of 24576 85% -> 93%.
-  // float32 rows, which give a thread half the values a step, did not gain: rows of 16384 ran at
-  // 94% in 512 threads, 91-92% in 256. Where both widths hold the same bytes (128 KiB stages, one
-  // block an SM) the wider one wins (float32 rows of 32768: 94% against 77%; 16-bit backward of
-  // 32768: 91% against 73%).
+  // more of the SM's shared memory to use. float32 rows, which give a thread half the values a
+  // step, keep the full width, as does a row for which both widths hold the same bytes an SM
+  // (docs/TUNING.md, "plan_stream: half-width resident blocks").
   Plan half;
   if (sizeof(typename Op::Storage) == 2 && threads == 0 && out->resident && out->cluster == 1 && out->threads == kStreamThreads &&
       plan_stream_at<Op>(rows, cols, pack, chunks, kStreamThreads / 2, dev, &half, on_chip) && half.resident &&
@@ -312,12 +302,10 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p.stage = int64_t{p.threads} * stage_slots<Op>(stages, pack, p.packs, p.rows_per_group) * kPackBytes;
     if (p.stage <= dev.stage_bytes || p.stage == 0) {
       // A block past kBlockMaxAutoThreads threads is alone on its SM, one row at a time; where
-      // the stream keeps the row resident it takes two passes on chip in smaller blocks (H200,
-      // rows of 32768: float32 89% -> 94% of copy bandwidth, 16-bit 81% -> 90%). So does a
-      // block whose threads hold more than kStagedPacks packs of float values at a cap of 64
-      // registers or fewer: float32 rows of 16384, 8 packs a thread, spill 28
-      // bytes (ptxas) and ran at 90% to the resident stream's 94%. (float64 spills there too, but
-      // its stream is bound by its exponents: rows of 8192 78% -> 65%.)
+      // the stream keeps the row resident it takes two passes on chip in smaller blocks, which is
+      // faster. So does a block whose threads hold more than kStagedPacks packs of float values
+      // at a cap of 64 registers or fewer, where they spill. (float64 spills there too but stays:
+      // its stream is bound by its exponents.) See docs/TUNING.md, "plan_rows: crowded blocks".
       // (Not where the caller asked for a block size: that is a request for this block.)
       const bool crowded = p.threads > kBlockMaxAutoThreads ||
                            (pack > 1 && p.packs > kStagedPacks && kRegistersPerSm / Op::kBlockBoundThreads <= 64 &&
@@ -392,8 +380,8 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
   int64_t blocks = p.blocks;
   if (p.cluster > 1) {
     // The clusters walk their rows refilling their stages as they go: clusters past those that
-    // run at once would start with a fill that nothing of theirs overlaps (H200, float32 rows
-    // of 131072 in clusters of 3: 67% -> 70%; backward 62% -> 66%).
+    // run at once would start with a fill that nothing of theirs overlaps (docs/TUNING.md,
+    // "launch: grids of clusters").
     const int fit = max_active_clusters(kernel, static_cast<unsigned>(p.threads), static_cast<size_t>(p.stage),
                                         static_cast<unsigned>(p.cluster));
     if (fit > 0) blocks = std::min<int64_t>(blocks, int64_t{fit} * p.cluster);

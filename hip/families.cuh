@@ -179,8 +179,8 @@ __global__ __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlockMax
 //                 grid was launched in clusters of `chunks` blocks, one per chunk of a row (block
 //                 b is rank b % chunks): the blocks of a cluster walk the same rows and merge
 //                 their statistics through each other's shared memory. (A kernel of its own:
-//                 the cluster code cost the single-block resident stream 6-11 points on the
-//                 H200, though never executed there.)
+//                 the cluster code slows the single-block resident stream even where it never
+//                 runs; docs/TUNING.md, "rows_stream kCluster (hip/families.cuh)".)
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 
@@ -225,8 +225,7 @@ __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_str
   // written. Resident: each step is read from its own slots, which are then refilled from row
   // `refill` (when not null); only unmasked ops stage, so their stop is the end. A row's copies
   // are committed a group per step, so its `first` pass waits only for the step it reads while
-  // the later steps still land (H200, rows of 32768: 16-bit backward 88-91% -> 95-97% of copy
-  // bandwidth, float32 forward 93% -> 95%; rows of 65536-131072 +2 to +8 points).
+  // the later steps still land (docs/TUNING.md, "rows_stream pass (hip/families.cuh)").
   // (`from`: resident steps before it were done already.)
   auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, int64_t stop, auto&& use,
                   const typename Op::Row* refill = nullptr, bool first = false, int from = 0) {
@@ -269,9 +268,8 @@ __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_str
     const int64_t end = min(op.cols, begin + chunk_cols);
     const typename Op::Row w = op.row(r);
     // Steps that start at or past a causal limit add nothing to the statistics and their results
-    // are zeros: neither pass computes them, they are only written (H200, rows of 32768 with a
-    // causal limit: 16-bit 74% -> 121% of copy bandwidth, float32 118% -> 157%, counting the
-    // bytes of x the limit leaves unread).
+    // are zeros: neither pass computes them, they are only written (docs/TUNING.md,
+    // "rows_stream stop (hip/families.cuh)").
     const int64_t stop = min(end, op.live_end(w));
     typename Op::Final fin;
     // The block's next row (its chunk's, in a cluster), which refills the resident stage.
@@ -279,12 +277,9 @@ __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_str
     auto next_row = [&] { return op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x); };
     // kEarly: in a cluster, the second pass's first step is read, and its slots refilled from
     // the block's next row, before the statistics are reduced and merged. The next row's copies
-    // then land during the block's and the cluster's barriers, where no copy was in flight
-    // before (H200, float32 backward of rows of 32768 85% -> 88% of copy bandwidth, 65536 80% ->
-    // 84%, 131072 69% -> 76%; 16-bit clusters, whose first step is a quarter of their chunk, the
-    // same). The step's values are held across the barriers: only where the register cap leaves
-    // room (one block an SM: float32 124 registers, 16-bit and float64 at the cap of 128, none
-    // spilled; the forward's 64 spilled 800 bytes).
+    // then land during the block's and the cluster's barriers, which otherwise have no copy in
+    // flight. The step's values are held across the barriers: only where the register cap leaves
+    // room (one block an SM, a cap of 128 registers; docs/TUNING.md, "kEarly (hip/families.cuh)").
     constexpr bool kEarly = kCluster && Op::kStreamMinBlocks == 1;
     Item early[kEarly ? kStep : 1];
     if (phase != kStreamApply) {
@@ -304,10 +299,10 @@ __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_str
         // Each block writes its partial into every block's shared memory (thread k to rank k)
         // before the barrier; after it, every block merges the partials from its own memory in
         // rank order, so all apply the same statistic. Writes go out under the barrier's
-        // latency, where reads of the peers' memory after it waited on a round trip each (H200,
-        // float32 backward of rows of 32768 89% -> 94% of copy bandwidth, 65536 85% -> 89%;
-        // 16-bit rows of 131072 77% -> 82%). Slots alternate by row: a block writes a slot again
-        // only after the barrier of the next row, which its peers reach after reading it.
+        // latency, where reads of the peers' memory after it would wait on a round trip each
+        // (docs/TUNING.md, "rows_stream cluster exchange (hip/families.cuh)"). Slots alternate by
+        // row: a block writes a slot again only after the barrier of the next row, which its peers
+        // reach after reading it.
         __shared__ Stat partial[2][kMaxCluster];
         if (threadIdx.x < chunks) *cluster_peer(&partial[parity][cluster_rank()], threadIdx.x) = st;
         cluster_sync();

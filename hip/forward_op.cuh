@@ -11,10 +11,9 @@
 // Forward: softmax(x * scale + mask) with an optional causal limit.
 
 // Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
-// and a 32-bit division, which the GPU does not have, costs about 20 instructions; a divisor
-// below 2^32 carries the constants that make it a multiply-high, a subtract, an add and two shifts
-// (Granlund & Montgomery 1994, "Division by invariant integers using multiplication", the
-// round-up method). H200, 16-bit masked rows: 2-5 points of copy bandwidth on every length.
+// and the GPU has no 32-bit division (docs/TUNING.md, "Divisor"); a divisor below 2^32 carries
+// the constants that make it a multiply-high, a subtract, an add and two shifts (Granlund &
+// Montgomery 1994, "Division by invariant integers using multiplication", the round-up method).
 // Indices past 2^32 take the 64-bit sequence.
 struct Divisor {
   int64_t d = 0;
@@ -143,8 +142,7 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   // Row r, whose Walk is k (rows_warp): the causal limit and mask offset come from k. A function
-  // of its own: folded into row() as a branch around the divisions, the 16-bit rows of 32 lost
-  // the walk's gain (H200: 88% -> 86% of copy bandwidth).
+  // of its own: as a branch in row() it cost the walk its gain (docs/TUNING.md, "ForwardOp::row").
   template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r, const Walk& k) const {
     if (!kWalk || !walks) return row<kWithMask>(r);
     Row w;
@@ -174,8 +172,7 @@ template <typename T, int kMask> struct ForwardOp {
     if (kMasked && kWithMask && mask) {
       // The outermost index needs no division: the dims cover the rows, so what is left is it.
       // One or two dims (the host merges what it can: [B,1,1,S] over [B,H,S,S] is two) take
-      // straight-line code; the loop's indexed constant loads and trip control cost as much
-      // again as its division (H200 SASS).
+      // straight-line code, cheaper than the loop (docs/TUNING.md, "ForwardOp::row").
       int64_t off = 0, rest = r;
       if (mask_ndim == 2) {
         int64_t index;
@@ -241,15 +238,11 @@ template <typename T, int kMask> struct ForwardOp {
   // The additive mask (of element type M) applied to the span's loaded logits v: x * scale + mask
   // inside the bound, the pad elsewhere. Every pack of the mask is read before any is used (a use
   // between two loads holds the second until the first has arrived), and the caller's switch on
-  // the mask's dtype runs once a span, not once a pack. H200, [B,16,S,S] with a [B,1,1,S] padding
-  // mask, S = 64-1024: 16-bit rows with a float16 mask 47-57% -> 53-60% of copy bandwidth, with a
-  // float32 mask 47-57% -> 61-64%; float32 rows 82-86% -> 85-93%. Only 16-bit rows with both a
-  // float mask and a causal limit lost, from S = 512 on (59% -> 54%; S = 4096: 60% -> 52%).
+  // the mask's dtype runs once a span, not once a pack (docs/TUNING.md, "ForwardOp::add_mask_span").
   template <typename M, int kPack, int kPacks, typename R, typename S>
   __device__ __forceinline__ void add_mask_span(const Row& w, const S& s, const R& reach, C* v) const {
-    // All packs first only while they fit half a thread's row budget (16 registers): more spilled
-    // (ptxas: 236-308 bytes in rows_warp of 4-8 packs a lane), so wider spans add each pack as it
-    // arrives.
+    // All packs first only while they fit half a thread's row budget (16 registers), past which
+    // they spill (docs/TUNING.md, "ForwardOp::add_mask_span"): wider spans add each pack as it arrives.
     constexpr bool kAllFirst = kPacks * kPack * sizeof(M) <= kRowRegisters / 2 * sizeof(uint32_t);
     const M* m = reinterpret_cast<const M*>(w.mask);
     M raw[kPacks][kPack];
@@ -356,11 +349,9 @@ template <typename T, int kMask> struct ForwardOp {
   // loads holds the second until the first has arrived, and the branches around partial packs
   // keep the compiler from moving loads ahead of them): the logits where they are not staged,
   // and the mask words of 16-bit rows. Staged logits are read from their slots as they are
-  // used, and float32 mask words with them, which keeps the registers of rows held at a tight
-  // cap (H200: reading everything first spilled in rows_block and lost 10-55 points; 16-bit
-  // masked rows gained 7-16 points in rows_warp, 3-8 in rows_block; unstaged float32 rows keep
-  // the general loader, which was faster for them). A pack that the span's end cuts (rows not
-  // a multiple of a pack) is read element by element.
+  // used, and float32 mask words with them, so that rows held at a tight register cap do not
+  // spill; unstaged float32 rows keep the general loader (docs/TUNING.md, "ForwardOp::load_bool").
+  // A pack that the span's end cuts (rows not a multiple of a pack) is read element by element.
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void load_bool(const Row& w, const S& s, int64_t bound, bool live, C* v,
                                             const Stage* st) const {
@@ -445,11 +436,9 @@ template <typename T, int kMask> struct ForwardOp {
   // take() selects two columns at a time, on the 16-bit words: the pair's mask bytes go to the
   // low bytes of two halves (PRMT), each half becomes 0xffff where its byte is not zero
   // (nonzero_halves), and one LOP3 keeps the logits' halves or puts -inf's in their place; the
-  // lane's max is taken on those words too, before they are widened (max_halves). Per pack of 8
-  // columns that is 4 PRMT, 4 HSET2, 4 LOP3 and 3 maxima, where a test, a move of the pad and a
-  // maximum for each column took 24 (H200 SASS). H200, rows of 32 with a padding mask and causal
-  // limit: 3817-3822 -> 3874 GB/s float16, 3812-3822 -> 3863-3878 bfloat16 (with the selects
-  // alone 3844-3863); rows of 64 bfloat16 3996-4001 -> 4141-4167.
+  // lane's max is taken on those words too, before they are widened (max_halves): fewer
+  // instructions than a test, a move of the pad and a maximum per column (docs/TUNING.md,
+  // "ForwardOp::take").
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ C take(const Fetch<kPack, kPacks>& f, const S& s, C* v) const {
     using Bits = MaskBits<kPack>;
@@ -483,10 +472,9 @@ template <typename T, int kMask> struct ForwardOp {
   // every exponent of the row by the same c (|c| <= ulp(ref * k) / 2), a factor 2^-c that the
   // normalisation cancels; each exponent is rounded once (the subtract and multiply: twice).
   // Rows whose |ref * k| reaches kFmaExpBound (c could then scale the sum out of range) take the
-  // subtract, decided per warp (every caller runs finish with whole warps). H200, on top of the
-  // walk: 16-bit rows of 32 with a padding mask and causal limit 86% -> 89% of copy bandwidth,
-  // float masks +1-3 points (with rcp_approx for the row's 1 / sum).
-  static constexpr float kFmaExpBound = 65536.0f;  // |c| <= 2^-9: a factor within 0.14% of 1
+  // subtract, decided per warp (every caller runs finish with whole warps). What the FFMA form
+  // gained: docs/TUNING.md, "ForwardOp::exp_row".
+  static constexpr float kFmaExpBound = 65536.0f;  // |c| <= 2^-9: a factor within 1.4e-3 of 1
   template <int N> __device__ __forceinline__ void exp_row(C* v, C ref) const {
     if constexpr (sizeof(C) == 4) {
       const C mk = ref * exp_k;

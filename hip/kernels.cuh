@@ -14,8 +14,9 @@
 //                          `reduce(value, op)` across the threads that share the row
 //   Stat / accumulate / merge() / finalize / apply   the same maths streamed over global memory
 // ForwardOp carries scale, mask and causal inside load(): "fused" is a loader, not a kernel copy.
-// Its kMasked parameter compiles the mask/causal code in or out: measured on the H200, the mere
-// presence of that code between the loads cost 15-45% of bandwidth on unmasked rows.
+// Its kMask parameter (ForwardOp<T, kMask>; the mask kinds are in policy.cuh) compiles the
+// mask/causal code in or out: that code between the loads costs bandwidth on unmasked rows even
+// where it never runs (docs/TUNING.md, "ForwardOp kMask (hip/kernels.cuh)").
 //
 // Families (one __global__ each):
 //   rows_warp    a group of G <= kMaxGroup lanes holds kRows rows in registers (short rows)

@@ -86,8 +86,8 @@ __device__ __forceinline__ void load_pack(const T* p, T (&dst)[N]) {
 }
 
 // N results narrowed to T, held as the words a vector store writes. 16-bit types convert in
-// pairs: one paired conversion fills a word, where converting one by one took two conversions
-// and a PRMT to merge them (H200 SASS of the 16-bit stores).
+// pairs: one paired conversion fills a word, where converting one by one takes two conversions
+// and a merge (docs/TUNING.md, "Narrowed (hip/primitives.cuh)").
 template <typename T, int N> union Narrowed {
   T v[N];
   uint32_t words[(N * sizeof(T) + 3) / 4];
@@ -169,8 +169,8 @@ template <int N, typename V, typename Op> __device__ __forceinline__ V tree_redu
 }
 
 // 1/s, except that a row with nothing kept (s == 0) normalises to zeros; NaN stays NaN. float takes
-// the approximate reciprocal (1 ulp, s >= ~1 here): the IEEE division cost rows of 32 a dozen
-// instructions and a branch each.
+// the approximate reciprocal (1 ulp, s >= ~1 here): the IEEE division is an instruction sequence
+// with a branch (docs/TUNING.md, "safe_inverse (hip/primitives.cuh)").
 template <typename C> __device__ __forceinline__ C safe_inverse(C s) { return s == C(0) ? C(0) : C(1) / s; }
 template <> __device__ __forceinline__ float safe_inverse(float s) { return s == 0.0f ? 0.0f : rcp_approx(s); }
 
@@ -207,8 +207,8 @@ __device__ __forceinline__ V block_all_reduce(V v, Op op, V* scratch) {
   if (threadIdx.x % kWarpSize == 0) scratch[warp] = v;
   __syncthreads();
   // Every group of kMaxGroup lanes reduces the partials (the identity past the last warp's) by
-  // exchanges: a dozen instructions per thread whatever the block size, where each thread reading
-  // every partial took ~20 at 4 warps and ~75 at 32 (H200 SASS).
+  // exchanges: a cost per thread that does not grow with the block size, where each thread
+  // reading every partial grows with the warps (docs/TUNING.md, "block_all_reduce (hip/primitives.cuh)").
   static_assert(kMaxBlockThreads / kWarpSize <= kMaxGroup, "a block's warps must fit one group");
   const int lane = threadIdx.x % kMaxGroup;
   V r = lane < nwarps ? scratch[lane] : op.template identity<V>();

@@ -26,8 +26,8 @@ constexpr int kRowRegisters = 32;
 template <typename T> constexpr int vec_pack() { return kPackBytes / static_cast<int>(sizeof(T)); }
 
 // Packs of each array a thread works on at a time where its rows are staged (64 bytes): the next
-// ones are in flight in shared memory meanwhile, so more would only cost registers (H200: float32
-// rows_stream at 8 spilled at its 64-register cap; rows_block at 2 or 8 was 2-25% slower).
+// ones are in flight in shared memory meanwhile, so more would only cost registers
+// (docs/TUNING.md, "kStagedPacks (hip/span.cuh)").
 constexpr int kStagedPacks = 4;
 
 // Packs per lane of rows_warp's table of short rows (dispatch.cuh): 2 vector packs, or 4
@@ -54,11 +54,10 @@ template <typename T> constexpr int max_scalar_items() { return max_items<T>() /
 // or the chunk's end) are not this step's: loads pad them, stores skip them.
 // Inside a step, columns are 32-bit offsets from base (a step spans at most a block's share of a
 // row held on chip, or kStreamThreads x stream_unroll packs): the per-pack bound tests and
-// addresses then cost one 32-bit instruction each instead of a 64-bit sequence (H200 SASS: ~9
-// instructions per pack, three times per pack, in the issue-bound 16-bit kernels).
+// addresses then cost one 32-bit instruction each instead of a 64-bit sequence.
 // kNarrow (rows_warp's spans): base 0 and every bound passed in 1..end < 2^31, so a bound is its
-// own local count, without the 64-bit clamps, which rows_warp paid on every row (H200 SASS: ~20
-// instructions an iteration of the 16-bit masked rows of 32).
+// own local count, without the 64-bit clamps that rows_warp would otherwise pay on every row
+// (docs/TUNING.md, "SpanT (hip/span.cuh)", for both).
 template <bool kNarrow = false> struct SpanT {
   int64_t base;
   int lane, width;
@@ -115,27 +114,20 @@ template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
 
 // fn(reach) with the span's Reach. Where every one of the thread's kPacks packs lies wholly
 // below the bound (a row that fills its span: all but a row's last step and dead rows), fn gets a
-// Reach<kCut, true>, whose per-pack tests are constants and compile away. The tests took 4-5 of
-// the 23 instructions an element in the profile that prompted this (16-bit rows with a padding
-// mask, H200 SASS). Measured on the H200 against the tests on every row: additive float masks on
-// [B,16,S,S] 16-bit rows 52-61% -> 70-74% of copy bandwidth, float32 83-88% -> 90-93%; float32
-// rows with a padding mask and causal limit, 512-8192 columns, 96-104% -> 108-118%; backward of
-// 32 16-bit columns 93% -> 99%, of 32768 float32 82% -> 86%.
+// Reach<kCut, true>, whose per-pack tests are constants and compile away: in issue-bound rows
+// the tests are a sizeable share of the instructions (docs/TUNING.md, "with_reach (hip/span.cuh)").
 // kCut (the forward ops with a causal limit, kBoolMask and kAddMask, whose bound may lie before
 // the span's end): rows differ, and the warp decides as one (every caller runs its loaders with
 // the whole warp), or the lanes of a warp holding several rows would run both paths.
 // kSplitCut: whether a cut loader takes the split at all; where it does not, the tests stay
-// (16-bit rows with a boolean mask: the split cost rows of 32 with a causal limit 83% -> 77%,
-// [64,16,128,128] causal 73% -> 66%). The bound never lies past the span's end (callers pass
-// min(limit, end)): n() == kPack relies on it.
+// (16-bit rows with a boolean mask, which the split slows: docs/TUNING.md, "kSplitCut (hip/span.cuh)").
+// The bound never lies past the span's end (callers pass min(limit, end)): n() == kPack relies on it.
 // kWholeSplit (forward ops, Op::kWholeSplit): an uncut span that the row does not fill but whose
 // end falls on a pack boundary (rows of a multiple of the pack, nearly all) takes Reach<false,
 // false, true>, decided per lane. Rows whose packs fill their groups partly (float16 rows of 96:
 // 12 packs on 8 lanes of 2) sent the lanes with a pack past the end down the element-wise path
-// while the others took the test-free one, so the warp issued both (ncu). H200, plain forward:
-// float32 rows of 96-640 82-97% -> 88-101% of copy bandwidth, float16 rows of 96-768 58-86% ->
-// 63-89%; backward moved both ways (float32 rows of 320 88 -> 101, of 640 95 -> 86) and does not
-// take it.
+// while the others took the test-free one, so the warp issued both. Backward ops do not take it:
+// it does not pay for them on every row length (docs/TUNING.md, "kWholeSplit (hip/span.cuh)").
 template <bool kCut, int kPack, int kPacks, bool kSplitCut = true, bool kWholeSplit = false, typename S, typename Fn>
 __device__ __forceinline__ void with_reach(const S& s, int64_t bound, bool live, Fn&& fn) {
   const Reach<kCut> reach(s, bound, live);
@@ -175,7 +167,8 @@ __device__ __forceinline__ void load_span(const T* row, const S& s, int64_t boun
       const int o = s.template off<kPack>(j);
       const int n = reach.template n<kPack>(o);
       // Each path widens its own values: were the raw 16-bit values merged first, every element
-      // would be moved into a register of its own before its conversion (H200 SASS: a PRMT each).
+      // would be moved into a register of its own before its conversion (docs/TUNING.md,
+      // "load_span (hip/span.cuh)").
       if (kPack > 1 && reach.template whole<kPack>(o)) {
         T raw[kPack];
         load_pack<T, kPack>(st ? static_cast<const T*>(st->slot(j)) : p + o, raw);
@@ -204,10 +197,9 @@ __device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t 
         const int o = s.template off<kPack>(j);
         // Cut 16-bit rows (a causal limit) copy under the instruction's own predicate: every
         // address is computed once, where a branch per copy made the compiler recompute each from
-        // the row's start (H200: 16-bit masked rows_block +3-5 points, measured before the
-        // padding-only kind, which is not cut, had kernels of its own). float32 rows_block at its
-        // 64-register cap spilled more with every address live at once and lost 13 points, and
-        // the 16-bit resident stream lost 6-10, so they branch.
+        // the row's start. The others branch, which the predicate slows (float32 rows_block at its
+        // 64-register cap spills more with every address live at once; docs/TUNING.md,
+        // "prefetch_span (hip/span.cuh)").
         if constexpr (sizeof(T) == 2 && kCut) {
           copy_async_16_if(reach.template whole<kPack>(o), st.slot(j), p + o);
         } else if (reach.template whole<kPack>(o)) {
