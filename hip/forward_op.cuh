@@ -1,49 +1,14 @@
 // forward_op.cuh — the forward operation: softmax(x * scale + mask), with an optional causal limit.
 //
-// Mask kinds, the row divisor, and ForwardOp, the struct the families are templated on (the
-// interface is described in kernels.cuh).
+// ForwardOp, the struct the families are templated on (its interface is described in kernels.cuh).
 #pragma once
 
+#include "divisor.cuh"
 #include "policy.cuh"
 #include "span.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Forward: softmax(x * scale + mask) with an optional causal limit.
-
-// Division of a row index by a mask or causal extent. Row set-up divides once or twice per row,
-// and the GPU has no 32-bit division (docs/TUNING.md, "Divisor"); a divisor below 2^32 carries
-// the constants that make it a multiply-high, a subtract, an add and two shifts (Granlund &
-// Montgomery 1994, "Division by invariant integers using multiplication", the round-up method).
-// Indices past 2^32 take the 64-bit sequence.
-struct Divisor {
-  int64_t d = 0;
-  uint32_t m = 0, s1 = 0, s2 = 0;  // set where 0 < d < 2^32
-  // n / d for n < 2^32: t = the high word of n * m, then (t + (n - t) / 2^s1) / 2^s2.
-  __host__ __device__ __forceinline__ uint32_t quotient(uint32_t n) const {
-    const uint32_t t = static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
-    return (t + ((n - t) >> s1)) >> s2;
-  }
-};
-inline Divisor make_divisor(int64_t d) {
-  Divisor v;
-  v.d = d;
-  if (d <= 0 || d >> 32) return v;
-  uint32_t l = 0;  // ceil(log2(d))
-  while ((uint64_t{1} << l) < static_cast<uint64_t>(d)) ++l;
-  v.m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << l) - d) / d + 1);
-  v.s1 = l < 1 ? l : 1;
-  v.s2 = l > 1 ? l - 1 : 0;
-  return v;
-}
-__device__ __forceinline__ int64_t row_div(int64_t a, const Divisor& b, int64_t* rem) {
-  if ((a | b.d) >> 32 == 0) {
-    const uint32_t q = b.quotient(static_cast<uint32_t>(a));
-    *rem = static_cast<uint32_t>(a) - q * static_cast<uint32_t>(b.d);
-    return q;
-  }
-  *rem = a % b.d;
-  return a / b.d;
-}
 
 template <typename T, int kMask> struct ForwardOp {
   static constexpr bool kMasked = kMask != kNoMask;
@@ -142,7 +107,8 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   // Row r, whose Walk is k (rows_warp): the causal limit and mask offset come from k. A function
-  // of its own: as a branch in row() it cost the walk its gain (docs/TUNING.md, "ForwardOp::row").
+  // of its own: as a branch in row() it cost the walk its gain (docs/TUNING.md,
+  // "ForwardOp::row (hip/forward_op.cuh)").
   template <bool kWithMask = true> __device__ __forceinline__ Row row(int64_t r, const Walk& k) const {
     if (!kWalk || !walks) return row<kWithMask>(r);
     Row w;
@@ -172,7 +138,7 @@ template <typename T, int kMask> struct ForwardOp {
     if (kMasked && kWithMask && mask) {
       // The outermost index needs no division: the dims cover the rows, so what is left is it.
       // One or two dims (the host merges what it can: [B,1,1,S] over [B,H,S,S] is two) take
-      // straight-line code, cheaper than the loop (docs/TUNING.md, "ForwardOp::row").
+      // straight-line code, cheaper than the loop (docs/TUNING.md, "ForwardOp::row (hip/forward_op.cuh)").
       int64_t off = 0, rest = r;
       if (mask_ndim == 2) {
         int64_t index;
@@ -238,11 +204,13 @@ template <typename T, int kMask> struct ForwardOp {
   // The additive mask (of element type M) applied to the span's loaded logits v: x * scale + mask
   // inside the bound, the pad elsewhere. Every pack of the mask is read before any is used (a use
   // between two loads holds the second until the first has arrived), and the caller's switch on
-  // the mask's dtype runs once a span, not once a pack (docs/TUNING.md, "ForwardOp::add_mask_span").
+  // the mask's dtype runs once a span, not once a pack (docs/TUNING.md,
+  // "ForwardOp::add_mask_span (hip/forward_op.cuh)").
   template <typename M, int kPack, int kPacks, typename R, typename S>
   __device__ __forceinline__ void add_mask_span(const Row& w, const S& s, const R& reach, C* v) const {
     // All packs first only while they fit half a thread's row budget (16 registers), past which
-    // they spill (docs/TUNING.md, "ForwardOp::add_mask_span"): wider spans add each pack as it arrives.
+    // they spill (docs/TUNING.md, "ForwardOp::add_mask_span (hip/forward_op.cuh)"): wider spans
+    // add each pack as it arrives.
     constexpr bool kAllFirst = kPacks * kPack * sizeof(M) <= kRowRegisters / 2 * sizeof(uint32_t);
     const M* m = reinterpret_cast<const M*>(w.mask);
     M raw[kPacks][kPack];
@@ -350,8 +318,9 @@ template <typename T, int kMask> struct ForwardOp {
   // keep the compiler from moving loads ahead of them): the logits where they are not staged,
   // and the mask words of 16-bit rows. Staged logits are read from their slots as they are
   // used, and float32 mask words with them, so that rows held at a tight register cap do not
-  // spill; unstaged float32 rows keep the general loader (docs/TUNING.md, "ForwardOp::load_bool").
-  // A pack that the span's end cuts (rows not a multiple of a pack) is read element by element.
+  // spill; unstaged float32 rows keep the general loader (docs/TUNING.md,
+  // "ForwardOp::load_bool (hip/forward_op.cuh)"). A pack that the span's end cuts (rows not a
+  // multiple of a pack) is read element by element.
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void load_bool(const Row& w, const S& s, int64_t bound, bool live, C* v,
                                             const Stage* st) const {
@@ -438,7 +407,7 @@ template <typename T, int kMask> struct ForwardOp {
   // (nonzero_halves), and one LOP3 keeps the logits' halves or puts -inf's in their place; the
   // lane's max is taken on those words too, before they are widened (max_halves): fewer
   // instructions than a test, a move of the pad and a maximum per column (docs/TUNING.md,
-  // "ForwardOp::take").
+  // "ForwardOp::take (hip/forward_op.cuh)").
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ C take(const Fetch<kPack, kPacks>& f, const S& s, C* v) const {
     using Bits = MaskBits<kPack>;
@@ -473,7 +442,7 @@ template <typename T, int kMask> struct ForwardOp {
   // normalisation cancels; each exponent is rounded once (the subtract and multiply: twice).
   // Rows whose |ref * k| reaches kFmaExpBound (c could then scale the sum out of range) take the
   // subtract, decided per warp (every caller runs finish with whole warps). What the FFMA form
-  // gained: docs/TUNING.md, "ForwardOp::exp_row".
+  // gained: docs/TUNING.md, "ForwardOp::exp_row (hip/forward_op.cuh)".
   static constexpr float kFmaExpBound = 65536.0f;  // |c| <= 2^-9: a factor within 1.4e-3 of 1
   template <int N> __device__ __forceinline__ void exp_row(C* v, C ref) const {
     if constexpr (sizeof(C) == 4) {
