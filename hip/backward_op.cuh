@@ -27,8 +27,7 @@ template <typename T> struct BackwardOp {
   static constexpr bool kStageBlock = kPolicy.stage_block, kStageStream = kPolicy.stage_stream;
   static constexpr bool kWideShortRows = kPolicy.wide_short_rows;
   static constexpr int kWarpMinBlocks = kPolicy.warp_min_blocks;
-  static constexpr bool kWalk = kPolicy.walk;  // false: nothing carried or read ahead
-  template <int, int> struct Fetch {};  // the read-ahead's registers, which rows_warp declares either way
+  static constexpr bool kWalk = kPolicy.walk;  // false: nothing carried from step to step or read ahead
   static constexpr int kBlockMaxThreads = kPolicy.block_max_threads;
   static constexpr int kBlockBoundThreads = kPolicy.block_bound_threads;
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
@@ -46,15 +45,10 @@ template <typename T> struct BackwardOp {
     T* dx;
   };
 
-  // rows_warp's walk (ForwardOp::Walk): nothing to carry, a row's pointers are all it needs.
-  struct Walk {};
-  __device__ __forceinline__ Walk walk(int64_t) const { return {}; }
-  __device__ __forceinline__ void advance(Walk&, const Walk&) const {}
   __device__ __forceinline__ Row row(int64_t r) const {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
-  __device__ __forceinline__ Row row(int64_t r, const Walk&) const { return row(r); }
-  __device__ __forceinline__ Row prefetch_row(int64_t r, const Walk& = {}) const { return row(r); }
+  __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
   __device__ __forceinline__ SumOp merge() const { return {}; }
 

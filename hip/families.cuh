@@ -4,6 +4,8 @@
 // rows_warp, rows_block, rows_stream and rows_naive (see kernels.cuh for the overview).
 #pragma once
 
+#include <type_traits>
+
 #include "span.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -51,6 +53,40 @@ template <int kSlots> __device__ __forceinline__ Stage thread_stage() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// What rows_warp carries from each row to the same row of the next step: the op's Walk where it
+// has one (ForwardOp: walk(), advance(), row(r, walk), prefetch_row(r, walk)); an op without one
+// (BackwardOp) is addressed by row(r) and prefetch_row(r) alone, and declares nothing of it.
+
+struct NoWalk {};
+template <typename Op, typename = void> struct WalkOf { using type = NoWalk; };
+template <typename Op> struct WalkOf<Op, std::void_t<typename Op::Walk>> { using type = typename Op::Walk; };
+template <typename Op> constexpr bool has_walk() { return !std::is_same<typename WalkOf<Op>::type, NoWalk>::value; }
+
+template <typename Op> __device__ __forceinline__ typename WalkOf<Op>::type walk_of(const Op& op, int64_t r) {
+  if constexpr (has_walk<Op>()) return op.walk(r);
+  else return {};
+}
+template <typename Op, typename W> __device__ __forceinline__ void advance_walk(const Op& op, W& w, const W& step) {
+  if constexpr (has_walk<Op>()) op.advance(w, step);
+}
+template <typename Op, typename W>
+__device__ __forceinline__ typename Op::Row row_at(const Op& op, int64_t r, const W& w) {
+  if constexpr (has_walk<Op>()) return op.row(r, w);
+  else return op.row(r);
+}
+template <typename Op, typename W>
+__device__ __forceinline__ typename Op::Row prefetch_row_at(const Op& op, int64_t r, const W& w) {
+  if constexpr (has_walk<Op>()) return op.prefetch_row(r, w);
+  else return op.prefetch_row(r);
+}
+
+// The registers of rows_warp's read-ahead (Op::Fetch), only where it reads ahead.
+template <typename Op, int kPack, int kPacks, bool kAhead> struct AheadOf { struct type {}; };
+template <typename Op, int kPack, int kPacks> struct AheadOf<Op, kPack, kPacks, true> {
+  using type = typename Op::template Fetch<kPack, kPacks>;
+};
+
+// ---------------------------------------------------------------------------------------------
 // rows_warp: groups of G lanes, each group kRows rows at a time, kPacks packs of kPack per lane.
 // The loop bound is the warp's first row, so all lanes of a warp run the same trips and every
 // shuffle has the whole warp present; rows past the end ride along as dead rows.
@@ -71,21 +107,21 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
   // Row k of a group is base + k * kGroups + group: the k-th load of every group in the warp
   // falls on consecutive rows, so each warp-wide access is contiguous.
   // Each row's walk is carried to the same row of the next step (Op::Walk).
-  typename Op::Walk walk[kRows];
-  const typename Op::Walk step = op.walk(warps * kWarpRows);
+  typename WalkOf<Op>::type walk[kRows];
+  const typename WalkOf<Op>::type step = walk_of(op, warps * kWarpRows);
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) walk[k] = op.walk(warp * kWarpRows + k * kGroups + group);
+  for (int k = 0; k < kRows; ++k) walk[k] = walk_of(op, warp * kWarpRows + k * kGroups + group);
   // Unstaged vector rows the op reads a step ahead (Op::kWalk): the step's loads were issued in
   // the step before, into `ahead`, and each row's walk moves on as its loads are issued.
   constexpr bool kAhead = Op::kWalk && !kSlots && kPack > 1;
-  typename Op::template Fetch<kPack, kPacks> ahead[kAhead ? kRows : 1];
+  typename AheadOf<Op, kPack, kPacks, kAhead>::type ahead[kAhead ? kRows : 1];
   auto fetch = [&](int64_t base) {
     if constexpr (kAhead) {
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {
         const int64_t r = base + k * kGroups + group;
-        op.template fetch<kPack, kPacks>(op.row(r < rows ? r : 0, walk[k]), span, r < rows, ahead[k]);
-        op.advance(walk[k], step);
+        op.template fetch<kPack, kPacks>(row_at(op, r < rows ? r : 0, walk[k]), span, r < rows, ahead[k]);
+        advance_walk(op, walk[k], step);
       }
     }
   };
@@ -93,7 +129,7 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      op.template prefetch<kPack, kPacks>(op.prefetch_row(r < rows ? r : 0, walk[k]), span, r < rows,
+      op.template prefetch<kPack, kPacks>(prefetch_row_at(op, r < rows ? r : 0, walk[k]), span, r < rows,
                                           stage.at(k * kPacks * Op::kStaged));
     }
   };
@@ -112,8 +148,8 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
       } else {
         const int64_t r = base + k * kGroups + group;
         const Stage st = stage.at(k * kPacks * Op::kStaged);
-        op.template load<kPack, kPacks>(op.row(r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
-        op.advance(walk[k], step);
+        op.template load<kPack, kPacks>(row_at(op, r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
+        advance_walk(op, walk[k], step);
       }
     }
     if (kSlots) {
@@ -142,7 +178,8 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
 // rows_block: one row per block at a time, held in the registers of all its threads.
 
 template <typename Op, int kPack, int kPacks>
-__global__ __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlockMaxThreads)) void rows_block(const Op op, int64_t rows) {
+__global__ __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlockMaxThreads))
+void rows_block(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   using C = typename Op::C;
   constexpr int kItems = kPack * kPacks;
@@ -185,7 +222,8 @@ __global__ __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlockMax
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 
 template <typename Op, int kPack, bool kCluster = false>
-__global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
+__global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
+void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
@@ -343,7 +381,7 @@ __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_str
 // rows_naive: the textbook safe softmax, one block per row: max, then sum of exp, then normalise,
 // each pass reading the row from global memory.
 
-// Op is a ForwardOp without mask or causal limit (kNoMask, or kAddMask for an unfoldable scale).
+// Op is a ForwardOp without mask or causal limit (kPlain, or kAdditive for an unfoldable scale).
 template <typename Op, int kPack>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_naive(const Op op, int64_t rows) {
   using C = typename Op::C;

@@ -156,9 +156,9 @@ int forward_entry(const softmax_problem_t* p, hipStream_t stream, EntryMode mode
     const double k = exp_factor<C>(p->scale);
     const bool folds = k >= static_cast<double>(std::numeric_limits<C>::min()) &&
                        k <= static_cast<double>(std::numeric_limits<C>::max());
-    if ((has_mask && p->mask_dtype != SOFTMAX_BOOL) || !folds) return forward_typed<T, kAddMask>(*p, stream, mode, q);
-    if (p->causal_queries != 0) return forward_typed<T, kBoolMask>(*p, stream, mode, q);
-    if (has_mask) return forward_typed<T, kPadMask>(*p, stream, mode, q);
-    return forward_typed<T, kNoMask>(*p, stream, mode, q);
+    if ((has_mask && p->mask_dtype != SOFTMAX_BOOL) || !folds) return forward_typed<T, kAdditive>(*p, stream, mode, q);
+    if (p->causal_queries != 0) return forward_typed<T, kCausalLimit>(*p, stream, mode, q);
+    if (has_mask) return forward_typed<T, kKeepMask>(*p, stream, mode, q);
+    return forward_typed<T, kPlain>(*p, stream, mode, q);
   });
 }

@@ -11,15 +11,15 @@
 // Forward: softmax(x * scale + mask) with an optional causal limit.
 
 template <typename T, int kMask> struct ForwardOp {
-  static constexpr bool kMasked = kMask != kNoMask;
-  static constexpr bool kBool = kMask == kBoolMask || kMask == kPadMask;  // a boolean mask's loaders
+  static constexpr bool kMasked = kMask != kPlain;
+  static constexpr bool kBool = kMask == kCausalLimit || kMask == kKeepMask;  // a boolean mask's loaders
   // Whether a span's bound may lie before its end (a causal limit): the loaders' kCut.
-  static constexpr bool kCausal = kMask == kBoolMask || kMask == kAddMask;
+  static constexpr bool kCausal = kMask == kCausalLimit || kMask == kAdditive;
   using Storage = T;
   using C = typename Compute<T>::type;
   using Item = C;
   using Stat = MaxSum<C>;
-  static constexpr bool kFoldsScale = kMask != kAddMask;
+  static constexpr bool kFoldsScale = kMask != kAdditive;
   // Arrays read per column, for register budgets: the mask counts as a second one.
   static constexpr int kInputs = kMasked ? 2 : 1;
   static constexpr int kStaged = 1;  // packs staged per pack of the row: x
@@ -45,7 +45,7 @@ template <typename T, int kMask> struct ForwardOp {
   const T* x;
   T* y;
   int64_t x_stride, y_stride, cols;
-  C scale;  // applied on load (kAddMask only)
+  C scale;  // applied on load (kAdditive only)
   C exp_k;  // the exponent's factor: exp_factor(scale) where folded, exp_factor(1) otherwise
   Divisor causal_queries;
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
@@ -264,7 +264,7 @@ template <typename T, int kMask> struct ForwardOp {
     // for every pack would double the registers the row needs); the additive one as
     // add_mask_span says.
     with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
-      if constexpr (kMask == kAddMask) {
+      if constexpr (kMask == kAdditive) {
         switch (mask ? mask_dtype : SOFTMAX_NONE) {
           case SOFTMAX_FLOAT16: add_mask_span<__half, kPack, kPacks>(w, s, reach, v); return;
           case SOFTMAX_BFLOAT16: add_mask_span<bf16_t, kPack, kPacks>(w, s, reach, v); return;

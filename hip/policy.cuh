@@ -9,16 +9,16 @@
 #include "span.cuh"
 
 // The mask a ForwardOp reads. Each kind is its own set of kernels, because the code of a kind
-// costs registers and bandwidth even where it never runs. All but kAddMask fold the scale into
+// costs registers and bandwidth even where it never runs. All but kAdditive fold the scale into
 // the exponent (exp(scale * (x - max)) = exp(x * scale - max(x * scale)) for scale > 0), so their
 // loads only widen and mask; a scale that cannot be folded (<= 0, or one whose factor overflows)
-// takes kAddMask, which applies it on load. The values are part of the kernels' symbols.
+// takes kAdditive, which applies it on load. The values are part of the kernels' symbols.
 enum MaskKind {
-  kNoMask = 0,    // plain softmax(x * scale), scale folded
-  kBoolMask = 1,  // a causal limit, with or without a boolean mask (True keeps); scale folded
-  kAddMask = 2,   // an additive float mask of any float dtype, or any mask with an unfoldable scale
-  kPadMask = 3,   // a boolean mask without a causal limit; scale folded. Its spans are never cut, so
-                  // 16-bit rows drop their per-pack tests without a warp vote (with_reach)
+  kPlain = 0,        // softmax(x * scale), scale folded
+  kCausalLimit = 1,  // a causal limit, with or without a boolean keep mask; scale folded
+  kAdditive = 2,     // an additive float mask of any float dtype, or any mask with an unfoldable scale
+  kKeepMask = 3,     // a boolean keep mask without a causal limit; scale folded. Its spans are never
+                     // cut, so 16-bit rows drop their per-pack tests without a warp vote (with_reach)
 };
 
 // One row of the table. Key: the mask kind (kNoBackwardMask for the backward) and the element's
@@ -51,22 +51,22 @@ constexpr int kStageWarpMasked = kTinyPacksVec + 1;  // masked rows_warp stages 
 
 // clang-format off
 constexpr Policy kPolicies[] = {
-//  kind              bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block
-  {kNoMask,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true},
-  {kNoMask,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true},
-  {kNoMask,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true},
-  {kBoolMask,         2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false},
-  {kBoolMask,         4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false},
-  {kBoolMask,         8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kAddMask,          2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kAddMask,          4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kAddMask,          8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kPadMask,          2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true},
-  {kPadMask,          4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true},
-  {kPadMask,          8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true},
-  {kNoBackwardMask,   2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
-  {kNoBackwardMask,   4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true},
-  {kNoBackwardMask,   8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
+//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block
+  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true},
+  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true},
+  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true},
+  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false},
+  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false},
+  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
+  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true},
+  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true},
+  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true},
+  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
+  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true},
+  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
 };
 // clang-format on
 

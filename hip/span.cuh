@@ -116,7 +116,7 @@ template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
 // below the bound (a row that fills its span: all but a row's last step and dead rows), fn gets a
 // Reach<kCut, true>, whose per-pack tests are constants and compile away: in issue-bound rows
 // the tests are a sizeable share of the instructions (docs/TUNING.md, "with_reach (hip/span.cuh)").
-// kCut (the forward ops with a causal limit, kBoolMask and kAddMask, whose bound may lie before
+// kCut (the forward ops with a causal limit, kCausalLimit and kAdditive, whose bound may lie before
 // the span's end): rows differ, and the warp decides as one (every caller runs its loaders with
 // the whole warp), or the lanes of a warp holding several rows would run both paths.
 // kSplitCut: whether a cut loader takes the split at all; where it does not, the tests stay

@@ -77,7 +77,7 @@ for dtype in ("float32", "float16"):
         step(f"many rows backward {what} {dtype}, {walk} blocks", lambda: _ops.backward_impl(y, x, blocks=walk))
         step(f"many rows masked {what} {dtype}",
              lambda: pysoftmax.fused(x.reshape(rows // 100 if rows % 100 == 0 else rows, -1, cols), causal=True))
-        # A padding mask without a causal limit: kernels of their own (kPadMask).
+        # A padding mask without a causal limit: kernels of their own (kKeepMask).
         xh = x.reshape(rows // 100, 100, cols)
         pad = cupy.asarray(rng.random((rows // 100, 1, cols)) > 0.3)
         step(f"many rows padding mask {what} {dtype}", lambda: pysoftmax.fused(xh, mask=pad))

@@ -113,13 +113,13 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
 template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
   char op[64];
   snprintf(op, sizeof op, "forward %s", name);
-  check<ForwardOp<T, kNoMask>>(op, stage_bytes, max_cluster);
+  check<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+bool mask %s", name);
-  check<ForwardOp<T, kBoolMask>>(op, stage_bytes, max_cluster);
+  check<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+bool mask, no causal %s", name);
-  check<ForwardOp<T, kPadMask>>(op, stage_bytes, max_cluster);
+  check<ForwardOp<T, kKeepMask>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "forward+float mask %s", name);
-  check<ForwardOp<T, kAddMask>>(op, stage_bytes, max_cluster);
+  check<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "backward %s", name);
   check<BackwardOp<T>>(op, stage_bytes, max_cluster);
 }
