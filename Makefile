@@ -1,6 +1,7 @@
 # pysoftmax — builds libsoftmax.so for the GPU platform found, and runs the tests and the benchmark.
 #
-#   make                 the library for this machine's platform, copied into pysoftmax/
+#   make                 the library for this machine's platform, copied into pysoftmax/, and the
+#                        JAX handlers (pysoftmax/libsoftmax_jax.so) where jax imports
 #   make test            Python dependencies (only those that do not import), the library, pytest
 #   make bench           the main job: python3 -m pysoftmax bench
 #   make gate            benchmark regression gate against this GPU's stored baseline
@@ -107,8 +108,8 @@ comma := ,
 space := $() $()
 DEFINES += -DSOFTMAX_ARCHS='"$(subst $(space),$(comma),$(strip $(ARCH_NAMES)))"'
 
-.PHONY: all lib platform deps test bench gate baseline amd amd-check sanitize tune clean
-all: lib
+.PHONY: all lib jax jax-if-found platform deps test bench gate baseline amd amd-check sanitize tune clean
+all: lib jax-if-found
 
 platform:  # what `make` builds for here (setup.py asks)
 	@echo $(HIP_PLATFORM)
@@ -122,6 +123,21 @@ endif
 
 pysoftmax/libsoftmax.so: $(LIB)
 	cp $< $@
+
+# The XLA FFI handlers of pysoftmax.jax (host C++, against jaxlib's headers), beside the library.
+# `make` builds them where $(PYTHON) imports jax; `make jax` insists.
+CXX         ?= g++
+JAX_INCLUDE  = $(shell $(PYTHON) -c "import jax.ffi; print(jax.ffi.include_dir())" 2>/dev/null)
+jax:
+	@test -n "$(JAX_INCLUDE)" || { echo "make jax: $(PYTHON) cannot import jax.ffi (pip install jax)"; exit 1; }
+	$(MAKE) pysoftmax/libsoftmax_jax.so JAX_INCLUDE_DIR="$(JAX_INCLUDE)"
+
+jax-if-found:
+	@if [ -n "$(JAX_INCLUDE)" ]; then $(MAKE) pysoftmax/libsoftmax_jax.so JAX_INCLUDE_DIR="$(JAX_INCLUDE)"; \
+	else echo "jax not importable with $(PYTHON): the JAX handlers are not built (make jax)"; fi
+
+pysoftmax/libsoftmax_jax.so: ffi/jax_ffi.cc hip/softmax.h
+	$(CXX) -std=c++17 -O2 -fPIC -Wall -shared -isystem $(JAX_INCLUDE_DIR) $< -o $@
 
 $(LIB): $(OBJECTS)
 	$(COMPILER) $(ARCH_FLAGS) $(LDFLAGS) -o $@ $^
@@ -163,7 +179,7 @@ endif
 deps:
 	$(PYTHON) tools/deps.py --platform $(HIP_PLATFORM)
 
-test: deps lib
+test: deps lib jax-if-found
 	$(PYTHON) -m pytest
 
 bench: deps lib
@@ -191,4 +207,4 @@ tune: deps lib
 	$(PYTHON) tools/tune.py
 
 clean:
-	rm -rf build pysoftmax/libsoftmax.so
+	rm -rf build pysoftmax/libsoftmax.so pysoftmax/libsoftmax_jax.so

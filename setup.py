@@ -2,8 +2,9 @@
 
 pyproject.toml holds the metadata; this file adds what needs the machine:
 
-- ``build_py`` runs ``make lib`` (the platform found, or ``HIP_PLATFORM`` / ``GPU_ARCHS`` from the
-  environment, as for ``make``), then copies the library into the package being built. An
+- ``build_py`` runs ``make lib jax-if-found`` (the platform found, or ``HIP_PLATFORM`` / ``GPU_ARCHS`` from the
+  environment, as for ``make``), then copies the library, and the JAX handlers where jax was
+  importable, into the package being built. An
   editable install (``pip install -e .``) uses the checkout's ``pysoftmax/libsoftmax.so``, which
   ``make lib`` writes.
 - The wheel is a platform wheel (platlib), tagged for any Python 3: ctypes needs no Python ABI.
@@ -45,8 +46,8 @@ def _platform():
 class BuildWithMake(build_py):
     def run(self):
         super().run()
-        print("pysoftmax: " + " ".join(_make("lib")), flush=True)
-        if subprocess.call(_make("lib")) != 0:
+        print("pysoftmax: " + " ".join(_make("lib", "jax-if-found")), flush=True)
+        if subprocess.call(_make("lib", "jax-if-found")) != 0:
             raise SystemExit("pysoftmax: `make lib` failed (above); it needs nvcc (CUDA) or ROCm's hipcc, "
                              "or HIP_PLATFORM=nvidia|amd with that compiler on PATH")
         built = os.path.join(HERE, "pysoftmax", "libsoftmax.so")
@@ -54,6 +55,9 @@ class BuildWithMake(build_py):
             target = os.path.join(self.build_lib, "pysoftmax")
             os.makedirs(target, exist_ok=True)
             shutil.copy2(built, os.path.join(target, "libsoftmax.so"))
+            handlers = os.path.join(HERE, "pysoftmax", "libsoftmax_jax.so")  # where jax was importable
+            if os.path.exists(handlers):
+                shutil.copy2(handlers, os.path.join(target, "libsoftmax_jax.so"))
 
 
 class WithLibrary(Distribution):

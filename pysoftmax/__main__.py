@@ -107,6 +107,21 @@ def hostcost(args):
     return 0
 
 
+def jaxbench(args):
+    if not _gpu_or_exit("jaxbench"):
+        return 2
+    import json
+
+    from . import _jaxbench
+
+    report = _jaxbench.run()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(_jaxbench.table(report))
+    return 0
+
+
 def gpt(gpt_args):
     """examples/train_gpt.py with these arguments (its own --help lists them)."""
     import os
@@ -153,6 +168,9 @@ def main(argv=None):
     h = sub.add_parser("hostcost", help="host microseconds per small call: CuPy, torch eager and compiled, torch.softmax")
     h.add_argument("--json", help="write the rows to this JSON file")
     h.set_defaults(fn=hostcost)
+    j = sub.add_parser("jaxbench", help="jitted pysoftmax.jax against jitted jax.nn.softmax: GB/s and host cost")
+    j.add_argument("--json", help="write the report to this JSON file")
+    j.set_defaults(fn=jaxbench)
     sub.add_parser("gpt", add_help=False,
                    help="train a small GPT with pysoftmax's and torch's softmax (examples/train_gpt.py; its --help)")
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -4,7 +4,13 @@ GPU tests carry the `gpu` marker and skip with one reason when no usable GPU (or
 present; CPU tests always run.
 """
 
+import os
+
 import pytest
+
+# JAX would otherwise take 75% of the GPU's memory on first use, leaving little to CuPy and torch
+# in the same process.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 try:
     import cupy
