@@ -132,11 +132,15 @@ jax:
 	@test -n "$(JAX_INCLUDE)" || { echo "make jax: $(PYTHON) cannot import jax.ffi (pip install jax)"; exit 1; }
 	$(MAKE) pysoftmax/libsoftmax_jax.so JAX_INCLUDE_DIR="$(JAX_INCLUDE)"
 
+# Optional: a handler that fails to build (no C++ compiler, other XLA headers) warns, and only
+# pysoftmax.jax goes without it.
 jax-if-found:
-	@if [ -n "$(JAX_INCLUDE)" ]; then $(MAKE) pysoftmax/libsoftmax_jax.so JAX_INCLUDE_DIR="$(JAX_INCLUDE)"; \
+	@if [ -n "$(JAX_INCLUDE)" ]; then $(MAKE) pysoftmax/libsoftmax_jax.so JAX_INCLUDE_DIR="$(JAX_INCLUDE)" || \
+	  echo "warning: the JAX handlers did not build (above); pysoftmax.jax will say so when used"; \
 	else echo "jax not importable with $(PYTHON): the JAX handlers are not built (make jax)"; fi
 
 pysoftmax/libsoftmax_jax.so: ffi/jax_ffi.cc hip/softmax.h
+	@test -n "$(JAX_INCLUDE_DIR)" || { echo "build it with make jax (it finds jax's headers)"; exit 1; }
 	$(CXX) -std=c++17 -O2 -fPIC -Wall -shared -isystem $(JAX_INCLUDE_DIR) $< -o $@
 
 $(LIB): $(OBJECTS)

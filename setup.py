@@ -55,8 +55,10 @@ class BuildWithMake(build_py):
             target = os.path.join(self.build_lib, "pysoftmax")
             os.makedirs(target, exist_ok=True)
             shutil.copy2(built, os.path.join(target, "libsoftmax.so"))
-            handlers = os.path.join(HERE, "pysoftmax", "libsoftmax_jax.so")  # where jax was importable
-            if os.path.exists(handlers):
+            # The JAX handlers, where jax was importable to this build (not one left from an older source).
+            handlers = os.path.join(HERE, "pysoftmax", "libsoftmax_jax.so")
+            source = os.path.join(HERE, "ffi", "jax_ffi.cc")
+            if os.path.exists(handlers) and os.path.getmtime(handlers) >= os.path.getmtime(source):
                 shutil.copy2(handlers, os.path.join(target, "libsoftmax_jax.so"))
 
 

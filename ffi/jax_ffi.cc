@@ -64,6 +64,16 @@ void rows_cols(const ffi::AnyBuffer& b, int64_t* rows, int64_t* cols) {
   for (size_t d = 0; d + 1 < dims.size(); ++d) *rows *= dims[d];
 }
 
+// Whether two buffers have one shape and dtype (a direct ffi_call could pass anything).
+bool same_layout(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+  const auto da = a.dimensions();
+  const auto db = b.dimensions();
+  if (a.element_type() != b.element_type() || da.size() != db.size()) return false;
+  for (size_t d = 0; d < da.size(); ++d)
+    if (da[d] != db[d]) return false;
+  return true;
+}
+
 void set_workspace(softmax_problem_t* p, ffi::Result<ffi::AnyBuffer>& ws) {
   p->workspace_bytes = static_cast<int64_t>(ws->size_bytes());
   p->workspace = p->workspace_bytes ? ws->untyped_data() : nullptr;
@@ -125,6 +135,7 @@ ffi::Error set_mask(softmax_problem_t* p, const ffi::AnyBuffer& x, const ffi::An
 ffi::Error forward(void* stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer* mask, ffi::Result<ffi::AnyBuffer>& y,
                    ffi::Result<ffi::AnyBuffer>& ws, int32_t algo, double scale, int32_t causal) {
   if (!g_forward) return ffi::Error::Internal("pysoftmax: pysoftmax_jax_bind was not called");
+  if (!same_layout(x, *y)) return ffi::Error::InvalidArgument("y: expected x's shape and dtype");
   softmax_problem_t p = new_problem();
   p.algo = algo;
   p.dtype = dtype_code(x.element_type());
@@ -161,6 +172,7 @@ ffi::Error ForwardMasked(PYSOFTMAX_STREAM_PARAM ffi::AnyBuffer x, ffi::AnyBuffer
 ffi::Error Backward(PYSOFTMAX_STREAM_PARAM ffi::AnyBuffer y, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dx,
                     ffi::Result<ffi::AnyBuffer> ws, int32_t algo, double scale) {
   if (!g_backward) return ffi::Error::Internal("pysoftmax: pysoftmax_jax_bind was not called");
+  if (!same_layout(y, dy) || !same_layout(y, *dx)) return ffi::Error::InvalidArgument("dy, dx: expected y's shape and dtype");
   softmax_problem_t p = new_problem();
   p.algo = algo;
   p.dtype = dtype_code(y.element_type());

@@ -14,8 +14,9 @@ Gradients come from ``jax.custom_vjp``: the backward saves only ``y``; a float m
 gradient, summed over the axes it was broadcast along; a boolean mask and ``causal`` get none.
 ``vmap`` batches the custom calls over a leading axis (the mask is broadcast with x).
 
-Importing this module imports JAX; ``import pysoftmax`` alone never does. The kernels need a
-CUDA device: on another backend a call raises at compile time, naming it.
+Importing this module imports JAX; ``import pysoftmax`` alone never does. The kernels need the
+GPU the library was built for: the workspace is sized while tracing, by the library's planner for
+the current device, so without one a call raises SoftmaxError ("no usable GPU") as it is traced.
 """
 
 import ctypes
@@ -44,10 +45,14 @@ _registered = False
 
 
 def _handler_path():
+    """$PYSOFTMAX_JAX_LIB, else libsoftmax_jax.so beside the loaded library, else in this package
+    (where `make jax` writes it)."""
     env = os.environ.get("PYSOFTMAX_JAX_LIB")
     if env:
         return env
-    return os.path.join(os.path.dirname(_lib.lib().path), "libsoftmax_jax.so")
+    beside = os.path.join(os.path.dirname(_lib.lib().path), "libsoftmax_jax.so")
+    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libsoftmax_jax.so")
+    return beside if os.path.exists(beside) or not os.path.exists(package) else package
 
 
 def _register():
@@ -73,8 +78,9 @@ def _register():
         if version != _lib.ABI_VERSION:
             raise _lib.LibraryNotFoundError(f"{path} has ABI version {version}, this pysoftmax expects "
                                             f"{_lib.ABI_VERSION}: rebuild it with `make jax`")
+        platform = "ROCM" if _lib.build_info().get("platform") == "amd" else "CUDA"
         for name in _TARGETS:
-            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handlers, name)), platform="CUDA")
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handlers, name)), platform=platform)
         _registered = True
 
 
@@ -104,8 +110,9 @@ def _contiguous(shape):
 
 
 @functools.lru_cache(maxsize=512)
-def _workspace(direction, algo, dtype_code, shape, mask_shape, mask_code, causal):
-    """Workspace bytes of a call, from the library's planner (the current device's)."""
+def _workspace(direction, algo, dtype_code, shape, mask_shape, mask_code, causal, scale):
+    """Workspace bytes of a call, from the library's planner (the current device's): the same
+    problem the handler will fill, but for its pointers (the scale picks the kernels' kind)."""
     rows, cols = _ops._rows_cols(shape)
     if rows * cols == 0:
         return 0
@@ -114,6 +121,7 @@ def _workspace(direction, algo, dtype_code, shape, mask_shape, mask_code, causal
     p.rows, p.cols = rows, cols
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
     p.x = p.dy = p.out = _ALIGNED
+    p.scale = scale
     p.causal_queries = shape[-2] if causal else 0
     if mask_shape is not None:
         layout = _ops.mask_layout("mask", mask_shape, _contiguous(mask_shape), shape)
@@ -132,7 +140,7 @@ def _forward_call(x, mask, scale, causal, algo):
     code = _CODES[numpy.dtype(x.dtype)]
     mshape = None if mask is None else tuple(mask.shape)
     mcode = None if mask is None else (_lib.BOOL if mask.dtype == jnp.bool_ else _CODES[numpy.dtype(mask.dtype)])
-    ws = _workspace(_lib.FORWARD, algo, code, tuple(x.shape), mshape, mcode, causal)
+    ws = _workspace(_lib.FORWARD, algo, code, tuple(x.shape), mshape, mcode, causal, scale)
     results = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((ws,), jnp.uint8))
     attrs = dict(algo=numpy.int32(algo), scale=numpy.float64(scale), causal=numpy.int32(causal))
     if mask is None:
@@ -145,7 +153,7 @@ def _forward_call(x, mask, scale, causal, algo):
 def _backward_call(y, dy, scale):
     _register()
     code = _CODES[numpy.dtype(y.dtype)]
-    ws = _workspace(_lib.BACKWARD, _lib.ALGO_FUSED, code, tuple(y.shape), None, None, False)
+    ws = _workspace(_lib.BACKWARD, _lib.ALGO_FUSED, code, tuple(y.shape), None, None, False, scale)
     results = (jax.ShapeDtypeStruct(y.shape, y.dtype), jax.ShapeDtypeStruct((ws,), jnp.uint8))
     call = jax.ffi.ffi_call("pysoftmax_jax_backward", results, vmap_method="broadcast_all")
     return call(y, dy, algo=numpy.int32(_lib.ALGO_FUSED), scale=numpy.float64(scale))[0]
@@ -226,14 +234,16 @@ def softmax(x, axis=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused"
         raise TypeError(f"x: expected a JAX array, got {type(x).__module__}.{type(x).__name__}")
     _dtype_of(x, "x")
     scale = _check_scale(scale)
-    if not isinstance(causal, bool):
+    if not isinstance(causal, (bool, numpy.bool_)):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    if algorithm not in _ALGOS:
+    causal = bool(causal)
+    if not isinstance(algorithm, str) or algorithm not in _ALGOS:
         raise ValueError(f"algorithm: {algorithm!r} is not one of 'fused', 'online', 'naive'")
     if algorithm == "naive" and (mask is not None or causal):
         raise ValueError("algorithm: 'naive' takes no mask or causal flag; use 'fused' (or 'online')")
-    if isinstance(axis, bool) or not isinstance(axis, int):
+    if isinstance(axis, (bool, numpy.bool_)) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"axis: expected an int, got {type(axis).__name__}")
+    axis = int(axis)
     nd = max(x.ndim, 1)
     if not -nd <= axis < nd:
         raise ValueError(f"axis: {axis} is out of range for an array of {x.ndim} dimension(s)")

@@ -4,6 +4,8 @@
 import ctypes
 import os
 
+import numpy
+
 import pytest
 
 jax = pytest.importorskip("jax", reason="JAX is not installed")
@@ -39,6 +41,25 @@ def test_bad_arguments_named_at_trace_time(call, error, message):
         call()
     with pytest.raises(error, match=message):  # the same under jit: raised while tracing
         jax.jit(lambda: call())()
+
+
+def test_numpy_scalars_are_arguments_too():
+    with pytest.raises(TypeError, match=r"^causal: expected a bool, got str"):
+        psj.softmax(X, causal="yes")
+    with pytest.raises(ValueError, match=r"^algorithm: \['fused'\] is not one of"):
+        psj.softmax(X, algorithm=["fused"])
+    with pytest.raises(ValueError, match=r"^axis: 3 is out of range"):
+        psj.softmax(X, axis=numpy.int64(3))  # an integer of NumPy's is an axis, checked like an int
+
+
+def test_handlers_found_in_the_package_when_not_beside_the_library(monkeypatch, tmp_path):
+    monkeypatch.delenv("PYSOFTMAX_JAX_LIB", raising=False)
+    monkeypatch.setattr(_lib, "lib", lambda: type("L", (), {"path": str(tmp_path / "libsoftmax.so")})())
+    package = os.path.join(os.path.dirname(psj.__file__), "libsoftmax_jax.so")
+    if os.path.exists(package):
+        assert psj._handler_path() == package
+    else:
+        assert psj._handler_path() == str(tmp_path / "libsoftmax_jax.so")
 
 
 def test_empty_arrays_need_no_kernel():
@@ -125,7 +146,7 @@ def on_cpu(cpu_handlers, monkeypatch):
     if jax.default_backend() != "cpu":
         pytest.skip("JAX's default backend is not the CPU")
     monkeypatch.setattr(psj, "_register", lambda: None)
-    monkeypatch.setattr(psj, "_workspace", lambda *key: 96)  # the planner needs a GPU
+    monkeypatch.setattr(psj, "_workspace", lambda *key: 96)  # the planner needs a GPU (its key: GPU tests)
     cpu_handlers["forward"].clear()
     cpu_handlers["backward"].clear()
     cpu_handlers["status"] = 0
@@ -195,6 +216,6 @@ def test_handlers_backward_through_grad(on_cpu):
 
 
 def test_library_errors_come_back_with_the_message(on_cpu):
-    on_cpu["status"] = _lib.BACKWARD + 2  # SOFTMAX_ERROR_RUNTIME
-    with pytest.raises(Exception, match=r"libsoftmax: a stand-in's message"):
+    on_cpu["status"] = 3  # SOFTMAX_ERROR_RUNTIME
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"INTERNAL.*libsoftmax: a stand-in's message"):
         jax.block_until_ready(jax.jit(psj.softmax)(jnp.ones((2, 4))))

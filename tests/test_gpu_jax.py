@@ -258,6 +258,12 @@ def test_same_results_as_the_cupy_api():
     numpy.testing.assert_allclose(ours, cp, rtol=0, atol=1e-6)
 
 
-def test_handlers_are_next_to_the_library():
-    assert os.path.dirname(psj._handler_path()) == os.path.dirname(pysoftmax.build_info()["path"]) or \
-        os.environ.get("PYSOFTMAX_JAX_LIB")
+def test_scale_that_cannot_fold_and_the_reference_algorithms_with_a_workspace():
+    # Few long rows are split across blocks (a workspace sized at trace time) and a scale <= 0 takes
+    # the additive kernels: the trace-time plan must match the launch's.
+    x = _rand((2, 300000), "float32", 91)
+    keep = jnp.asarray(numpy.random.default_rng(92).random(300000) > 0.5)
+    for scale, algorithm, mask in ((-0.5, "fused", None), (0.5, "online", keep), (-1.0, "online", keep), (2.0, "fused", keep)):
+        y = jax.jit(lambda a, m: psj.softmax(a, scale=scale, mask=m, algorithm=algorithm))(x, mask)
+        ref = ref_softmax(_host(x), scale, None if mask is None else numpy.asarray(mask))
+        assert_close(_host(y), ref, "float32", f"scale={scale} {algorithm}")
