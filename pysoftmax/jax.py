@@ -95,12 +95,6 @@ def _dtype_of(x, name, table=_CODES, expected=_EXPECTED):
     return dtype
 
 
-def _check_scale(scale):
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a real number, got {type(scale).__name__} {scale!r}")
-    return float(scale)
-
-
 def _contiguous(shape):
     strides, step = [], 1
     for n in reversed(shape):
@@ -233,7 +227,7 @@ def softmax(x, axis=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused"
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"x: expected a JAX array, got {type(x).__module__}.{type(x).__name__}")
     _dtype_of(x, "x")
-    scale = _check_scale(scale)
+    scale = _ops._scale(scale)
     if not isinstance(causal, (bool, numpy.bool_)):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     causal = bool(causal)
@@ -282,7 +276,7 @@ def softmax_backward(y, dy, *, scale=1.0):
         raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y.shape {tuple(y.shape)}")
     if dy.dtype != y.dtype:
         raise TypeError(f"dy: dtype {dy.dtype} does not match y.dtype {y.dtype}")
-    scale = _check_scale(scale)
+    scale = _ops._scale(scale)
     if y.size == 0:
         return jnp.zeros(y.shape, y.dtype)
     return _backward_call(y, dy, scale)

@@ -27,7 +27,6 @@ Importing this module imports torch; ``import pysoftmax`` alone never does.
 """
 
 import ctypes
-import numbers
 import threading
 
 import torch
@@ -75,15 +74,9 @@ def _check_tensor(t, name, table=_CODES, expected=_EXPECTED, like=None, like_nam
         raise ValueError(f"{name}: expected a CUDA tensor, got one on {t.device}")
 
 
-def _check_scale(scale):
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a real number, got {type(scale).__name__} {scale!r}")
-    return float(scale)
-
-
 def _check_forward(x, mask, scale, causal, algorithm):
     _check_tensor(x, "x")
-    _check_scale(scale)
+    _ops._scale(scale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if algorithm not in _ALGOS:
@@ -100,7 +93,7 @@ def _check_forward(x, mask, scale, causal, algorithm):
 def _check_backward(y, dy, scale):
     _check_tensor(y, "y")
     _check_tensor(dy, "dy", like=y, like_name="y")
-    _check_scale(scale)
+    _ops._scale(scale)
     if y.shape != dy.shape:
         raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y.shape {tuple(y.shape)}")
     if y.dtype != dy.dtype:
@@ -461,7 +454,7 @@ def softmax(x, dim=-1, *, scale=1.0, mask=None, causal=False, algorithm="fused")
         For a bad argument, naming it, before anything is launched.
     """
     if type(scale) is not float:
-        scale = _check_scale(scale)
+        scale = _ops._scale(scale)
     if type(causal) is not bool:
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if type(algorithm) is not str or algorithm not in _ALGOS:
@@ -519,7 +512,7 @@ def softmax_backward(y, dy, *, scale=1.0):
     if not (isinstance(y, torch.Tensor) and isinstance(dy, torch.Tensor)):
         _check_backward(y, dy, scale)  # raises, naming the argument
     if type(scale) is not float:
-        scale = _check_scale(scale)
+        scale = _ops._scale(scale)
     if _forward_ad._current_level >= 0:
         _refuse_dual(y, dy)
     if _direct(y, dy) and not (torch.is_grad_enabled() and (y.requires_grad or dy.requires_grad)):
@@ -547,7 +540,7 @@ class AttentionSoftmax(torch.nn.Module):
 
     def __init__(self, scale=1.0, causal=False, algorithm="fused"):
         super().__init__()
-        self.scale = _check_scale(scale)
+        self.scale = _ops._scale(scale)
         if not isinstance(causal, bool):
             raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
         if algorithm not in _ALGOS:
