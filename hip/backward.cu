@@ -2,7 +2,8 @@
 //
 //   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length, as forward does:
 //           y and dy are read once and dx written once while the row fits on chip
-//   naive   rows_stream: the dot product pass, then the epilogue pass (y and dy read twice)
+//   naive   rows_passes (short rows, in groups of lanes) or rows_stream: the dot product pass, then
+//           the epilogue pass (y and dy read twice)
 // Masked positions need no mask here: their y is 0, so their gradient is 0.
 #include "dispatch.cuh"
 #include "entry.h"
@@ -33,7 +34,9 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
                   static_cast<long long>(p.cols));
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
-    if (!plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, false))
+    // Short rows in groups of lanes, unless a chunk count or block size asks for the stream.
+    if ((p.chunks || p.threads || !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
+        !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, kOffChip))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
@@ -45,6 +48,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  if (plan.family == kPassesFamily) return launch_passes<BackwardOp<T>, 2, true, false>(op, p.rows, plan, stream);
   return launch_plan(op, p.rows, plan, stream, p.workspace);
 }
 

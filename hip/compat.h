@@ -44,6 +44,14 @@
 //               pass), such a launch, and how many such clusters run at once. None exists on AMD,
 //               where the answers are no and 0. A failed query is cleared, so that the next
 //               launch's error check does not report it.
+//   launch_cooperative(kernel, blocks, threads, shared, stream, args...)   host: a launch whose
+//               blocks all run at once (or none does: the launch fails), so that they may wait on
+//               each other; where the device says hipDeviceAttributeCooperativeLaunch.
+//   spin_pause()            a short sleep inside a wait loop on global memory, so the waiting
+//               warps leave the issue slots and the memory system to the others.
+//   load_volatile(p) / store_volatile(p, v)   a value of any trivially copyable type read from
+//               or written to global memory in 4-byte words that bypass the incoherent L1, for
+//               values other blocks write during the kernel (ordered by __threadfence()).
 #pragma once
 
 #include <stdint.h>
@@ -78,6 +86,10 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipDeviceAttributeSharedMemPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define hipFuncSetAttribute cudaFuncSetAttribute
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define hipDeviceAttributeCooperativeLaunch cudaDevAttrCooperativeLaunch
+#define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
+#define hipLaunchCooperativeKernel cudaLaunchCooperativeKernel
+#define hipMemsetAsync cudaMemsetAsync
 #endif
 
 #if defined(SOFTMAX_PLATFORM_AMD)
@@ -324,6 +336,39 @@ hipError_t launch_in_clusters(void (*)(Params...), unsigned, unsigned, size_t, h
 }
 template <typename... Params> int max_active_clusters(void (*)(Params...), unsigned, size_t, unsigned) { return 0; }
 #endif
+
+template <typename... Params, typename... Args>
+hipError_t launch_cooperative(void (*kernel)(Params...), unsigned blocks, unsigned threads, size_t shared,
+                              hipStream_t stream, Args... args) {
+  void* argv[] = {static_cast<void*>(&args)...};
+  return hipLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(threads), argv,
+                                    static_cast<unsigned>(shared), stream);
+}
+
+__device__ __forceinline__ void spin_pause() {
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  __nanosleep(64);
+#elif defined(SOFTMAX_PLATFORM_AMD)
+  __builtin_amdgcn_s_sleep(1);
+#endif
+}
+
+template <typename V> __device__ __forceinline__ V load_volatile(const V* p) {
+  static_assert(sizeof(V) % 4 == 0, "whole 4-byte words");
+  V v;
+  const volatile uint32_t* src = reinterpret_cast<const volatile uint32_t*>(p);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(V) / 4); ++i) dst[i] = src[i];
+  return v;
+}
+template <typename V> __device__ __forceinline__ void store_volatile(V* p, const V& v) {
+  static_assert(sizeof(V) % 4 == 0, "whole 4-byte words");
+  volatile uint32_t* dst = reinterpret_cast<volatile uint32_t*>(p);
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(V) / 4); ++i) dst[i] = src[i];
+}
 
 // The widest group size (threads sharing one row) that every supported warp width can hold.
 // Groups never straddle a hardware warp, so the same kernels serve wave32 and wave64.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -86,6 +87,9 @@ struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
   int max_cluster = 1;      // most blocks of a cluster the stream may launch (1: no clusters)
+  bool cooperative = false; // cooperative launches (rows_stream kShareGrid)
+  int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
+  int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -115,6 +119,16 @@ inline int device_info(DeviceInfo* out) {
     e = hipDeviceGetAttribute(&optin, hipDeviceAttributeSharedMemPerBlockOptin, dev);
     info.stage_bytes = optin - kStaticSharedBytes;
     if (e == hipSuccess && cluster_launch_supported(cluster_probe<0>, dev)) info.max_cluster = kMaxCluster;
+    int coop = 0, l2 = 0;
+    if (e == hipSuccess) e = hipDeviceGetAttribute(&coop, hipDeviceAttributeCooperativeLaunch, dev);
+    if (e == hipSuccess) e = hipDeviceGetAttribute(&l2, hipDeviceAttributeL2CacheSize, dev);
+    info.l2_bytes = l2;
+    // PYSOFTMAX_GRID_BLOCKS, read once a device: "0" turns the grid off, "1" or "2" forces its
+    // blocks an SM (tuning; docs/TUNING.md, "plan_grid").
+    const char* forced = getenv("PYSOFTMAX_GRID_BLOCKS");
+    const int want = forced && forced[0] >= '0' && forced[0] <= '2' && !forced[1] ? forced[0] - '0' : -1;
+    info.cooperative = coop != 0 && want != 0;
+    info.grid_blocks = want > 0 ? want : 0;
   }
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -126,14 +140,17 @@ inline int device_info(DeviceInfo* out) {
 // Plans.
 
 struct Plan {
-  int family = SOFTMAX_FAMILY_STREAM;  // or SOFTMAX_FAMILY_WARP / _BLOCK, or kNaiveFamily
+  int family = SOFTMAX_FAMILY_STREAM;  // or SOFTMAX_FAMILY_WARP / _BLOCK, or kPassesFamily
   int pack = 1, packs = 1, group = 1, rows_per_group = 1, threads = 0;
   int64_t blocks = 0, chunks = 1, chunk_cols = 0;
   int64_t stage = 0;  // dynamic shared memory per block, bytes (every family that stages)
   bool resident = false;  // rows_stream: the whole chunk stays in the stage (kStreamResident)
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
+  bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
+  int held = 0;           // rows_stream, resident: steps of a chunk held in the stage (grid: the rest stream)
+  int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
 };
-constexpr int kNaiveFamily = 100;
+constexpr int kPassesFamily = 100;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -159,13 +176,72 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
   return 0;
 }
 
+// rows_stream over a cooperative grid (kShareGrid), for rows not held on chip otherwise: one or
+// two blocks an SM sharing its shared memory, the grid cut into groups of `chunks` blocks, each
+// group walking rows whose chunks its blocks hold. A chunk past a block's stage holds what fits
+// and streams the rest twice: only where the grid's streamed steps fit half the L2 (so that their
+// second read hits it), unless no plan holds the row otherwise. Two blocks an SM hold their chunks
+// whole, of kGridPairMinSteps steps or more (shorter chunks meet at their barriers too often).
+// Of those, the plan is the one that minimises an SM's time, in steps (a step read and written):
+// its blocks' rows (ceil(rows / groups)) times the steps a row of all its blocks, a streamed step
+// costing kGridReread more, and each row kGridRowCost[blocks an SM] for its barrier, which a
+// second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
+// dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning.
+constexpr double kGridReread = 0.25;
+constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
+constexpr int64_t kGridPairMinSteps = 3;
+constexpr int64_t kSharedReservedPerBlock = 1 << 10;  // what the runtime keeps of an SM's shared memory a block (sm_80/sm_90)
+template <typename Op>
+bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, const DeviceInfo& dev, Plan* out) {
+  const int64_t step_stage = stream.stage;  // one step's slots
+  if (!dev.cooperative || step_stage <= 0 || stream.threads != kStreamThreads) return false;
+  const int64_t steps = ceil_div(cols, step);
+  const int64_t sm_shared = dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock;
+  double best = 0;
+  for (int anywhere = 0; anywhere < 2 && best == 0; ++anywhere) {  // 1: streamed steps past the L2 too
+    for (int per_sm = 1; per_sm <= 2; ++per_sm) {
+      if (dev.grid_blocks > 0 && per_sm != dev.grid_blocks) continue;
+      if (per_sm > Op::kStreamMinBlocks) continue;  // the kernel's register cap admits kStreamMinBlocks blocks an SM
+      const int64_t fit = (sm_shared / per_sm - kStaticSharedBytes - kSharedReservedPerBlock) / step_stage;
+      const int64_t grid = int64_t{dev.sms} * per_sm;
+      for (int64_t c = 2; c <= std::min(grid, steps); ++c) {
+        const int64_t n = ceil_div(steps, c);  // steps a chunk
+        if (ceil_div(steps, n) != c) continue;  // the same chunks as a smaller count
+        const int64_t held = n <= fit ? n : fit - 1;  // the rest stream through one more step's slots
+        const int64_t groups = grid / c;
+        if (held < 1 || (per_sm == 2 && (held < n || n < kGridPairMinSteps))) continue;
+        if (!anywhere && (n - held) * step_stage * groups * c > dev.l2_bytes / 2) continue;
+        const double cost = static_cast<double>(ceil_div(rows, groups)) *
+                            (per_sm * (n + (n - held) * kGridReread) + kGridRowCost[per_sm]);
+        if (best > 0 && cost >= best) continue;
+        best = cost;
+        Plan p = stream;
+        p.chunks = c;
+        p.chunk_cols = n * step;
+        p.held = static_cast<int>(held);
+        p.stage = step_stage * (held < n ? held + 1 : held);
+        p.blocks = groups * c;
+        p.resident = p.grid = true;
+        p.cluster = 1;
+        *out = p;
+      }
+    }
+  }
+  return best > 0;
+}
+
+// Where rows_stream may hold rows on chip: nowhere (two reads of global memory), in a block's or a
+// cluster's stages, or also across a cooperative grid (plan_grid).
+enum OnChip { kOffChip = 0, kOnCluster = 1, kOnGrid = 2 };
+
 // rows_stream for rows of `cols` elements: as many threads as the row's steps need (up to
 // kStreamThreads, or `threads`), the row split into `chunks` (0: enough chunks to fill the GPU),
-// and (`on_chip`) the whole row resident in the stage where it fits, or in a cluster's stages.
+// and (`on_chip`) the whole row resident in the stage where it fits, or in a cluster's stages, or
+// (kOnGrid) in a group of a cooperative grid's.
 // False if the stage cannot fit.
 template <typename Op>
 bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out,
-                    bool on_chip) {
+                    int on_chip) {
   using T = typename Op::Storage;
   const int unroll = pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>();
   const int64_t packs = ceil_div(cols, pack);
@@ -190,6 +266,7 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   if (on_chip && p.stage > 0 && p.chunks == 1) {
     if (p.stage * steps <= dev.stage_bytes) {
       p.resident = true;
+      p.held = static_cast<int>(steps);
       p.stage *= steps;
     } else if (chunks == 0) {
       // A row too long for one block's stage is split over a cluster of blocks, each holding its
@@ -203,11 +280,17 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
         p.chunks = p.cluster = static_cast<int>(ceil_div(cols, p.chunk_cols));
         p.blocks = walking_grid(rows * p.cluster, dev) / p.cluster * p.cluster;  // whole clusters
         p.resident = true;
+        p.held = static_cast<int>(chunk_steps);
         p.stage *= chunk_steps;
         break;
       }
     }
   }
+  // Rows that neither a block nor a cluster holds, split or not: held by a group of the grid's
+  // blocks, where the device launches cooperatively; their second pass reads chip memory and L2.
+  Plan g;
+  if (on_chip == kOnGrid && chunks == 0 && !p.resident && p.stage > 0 && plan_grid<Op>(rows, cols, p, step * unroll, dev, &g))
+    p = g;
   *out = p;
   return true;
 }
@@ -217,9 +300,8 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
 // block on sm_80/sm_90), its register file at the kernel's register cap (the launch bound of
 // kStreamMinBlocks blocks of kStreamThreads) and kThreadsPerSm admit.
 template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const DeviceInfo& dev) {
-  constexpr int64_t kReservedPerBlock = 1 << 10;
-  const int64_t by_shared = (dev.stage_bytes + kStaticSharedBytes + kReservedPerBlock) /
-                            (p.stage + kStaticSharedBytes + kReservedPerBlock);
+  const int64_t by_shared = (dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock) /
+                            (p.stage + kStaticSharedBytes + kSharedReservedPerBlock);
   constexpr int kCap = kRegistersPerSm / (kStreamThreads * Op::kStreamMinBlocks);
   const int64_t by_registers = kRegistersPerSm / (int64_t{p.threads} * kCap);
   return std::min({by_shared, by_registers, int64_t{kThreadsPerSm} / p.threads}) * p.stage;
@@ -227,7 +309,7 @@ template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const Device
 
 template <typename Op>
 bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threads, const DeviceInfo& dev, Plan* out,
-                 bool on_chip = true) {
+                 int on_chip = kOnGrid) {
   if (!plan_stream_at<Op>(rows, cols, pack, chunks, threads, dev, out, on_chip)) return false;
   // A 16-bit row resident in one block of automatic width takes half the width where that puts
   // more of the SM's shared memory to use. float32 rows, which give a thread half the values a
@@ -253,7 +335,7 @@ template <typename Op> int64_t register_grid(int64_t sets, int family, int threa
 // forced register family cannot hold the row.
 template <typename Op>
 bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks, int threads, const DeviceInfo& dev,
-               Plan* out) {
+               Plan* out, int on_chip = kOnGrid) {
   using T = typename Op::Storage;
   constexpr int kBlockMax = Op::kBlockMaxThreads;
   Plan p;
@@ -312,7 +394,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
                             sizeof(typename Op::C) == 4);
       Plan s;
       if (auto_family && threads == 0 && p.family == SOFTMAX_FAMILY_BLOCK && crowded &&
-          plan_stream<Op>(rows, cols, pack, chunks, 0, dev, &s) && s.resident)
+          plan_stream<Op>(rows, cols, pack, chunks, 0, dev, &s, on_chip) && s.resident && !s.grid)
         return *out = s, true;
       return *out = p, true;
     }
@@ -320,39 +402,67 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
     p = Plan{};
     p.pack = pack;
   }
-  if (auto_family || family == SOFTMAX_FAMILY_STREAM) return plan_stream<Op>(rows, cols, pack, chunks, threads, dev, out);
+  if (auto_family || family == SOFTMAX_FAMILY_STREAM) return plan_stream<Op>(rows, cols, pack, chunks, threads, dev, out, on_chip);
   return false;
 }
 
-// The reference families: one block per row, as wide as the row needs up to kStreamThreads.
-inline Plan plan_naive(int64_t rows, int64_t cols, int pack, const DeviceInfo& dev) {
+// rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
+// two up to kMaxGroup, as few as hold the row in one step), several rows a block of
+// kBlockTargetThreads, where the row takes at most `max_group` lanes; else one block a row, as
+// wide as the row needs up to kStreamThreads (group 0). False where the row is longer than
+// max_group lanes and `block` is false: the caller streams it instead.
+template <typename Op>
+bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group, bool block, const DeviceInfo& dev,
+                 Plan* out) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  const int64_t packs = ceil_div(cols, pack);
+  const int64_t lanes = ceil_div(packs, pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>());
   Plan p;
-  p.family = kNaiveFamily;
+  p.family = kPassesFamily;
   p.pack = pack;
-  p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(cols, pack), dev.warp), kStreamThreads));
-  p.blocks = walking_grid(rows, dev);
-  return p;
+  p.passes = passes;
+  if (lanes <= max_group) {
+    p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
+    p.group = next_pow2(lanes);
+    p.threads = kBlockTargetThreads;
+    p.blocks = walking_grid(ceil_div(rows, p.threads / p.group), dev);
+  } else if (block) {
+    p.packs = pack > 1 ? passes_unroll<Op, kVec, true>() : passes_unroll<Op, 1, true>();
+    p.group = 0;
+    p.threads = static_cast<int>(std::min<int64_t>(round_up(ceil_div(packs, p.packs), dev.warp), kStreamThreads));
+    p.blocks = walking_grid(rows, dev);
+  } else {
+    return false;
+  }
+  *out = p;
+  return true;
 }
 
 // A requested grid cap (softmax_problem.blocks), kept a whole number of clusters.
 inline void cap_blocks(Plan* p, int cap) {
-  if (cap > 0) p->blocks = std::max<int64_t>(p->cluster, std::min<int64_t>(p->blocks, cap / p->cluster * p->cluster));
+  const int64_t unit = p->grid ? p->chunks : p->cluster;  // blocks that share a row
+  if (cap > 0) p->blocks = std::max<int64_t>(unit, std::min<int64_t>(p->blocks, cap / unit * unit));
 }
 
 inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
+  if (p.grid) {  // grid_workspace_bytes (families.cuh): two partials a block, a counter a group
+    const int64_t groups = p.blocks / p.chunks;
+    return 2 * groups * p.chunks * static_cast<int64_t>(stat_bytes) + groups * static_cast<int64_t>(sizeof(unsigned));
+  }
   const bool split = p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 && p.cluster == 1;  // two launches
   return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
 }
 
 inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t len) {
   static const char* names[] = {"auto", "warp", "block", "stream"};
-  const char* name = p.family == kNaiveFamily ? "naive" : names[p.family];
+  const char* name = p.family == kPassesFamily ? "passes" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster);
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes);
   return SOFTMAX_OK;
 }
 
@@ -389,6 +499,12 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
                                             static_cast<size_t>(p.stage), s, static_cast<unsigned>(p.cluster), args...);
     if (e != hipSuccess)
       return fail(SOFTMAX_ERROR_RUNTIME, "launching %s in clusters of %d: %s", family, p.cluster, hipGetErrorString(e));
+  } else if (p.grid) {
+    const hipError_t e = launch_cooperative(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(p.threads),
+                                            static_cast<size_t>(p.stage), s, args...);
+    if (e != hipSuccess)
+      return fail(SOFTMAX_ERROR_RUNTIME, "launching %s on a cooperative grid of %lld blocks: %s", family,
+                  static_cast<long long>(blocks), hipGetErrorString(e));
   } else {
     kernel<<<dim3(static_cast<unsigned>(blocks)), dim3(p.threads), static_cast<size_t>(p.stage), s>>>(args...);
   }
@@ -441,19 +557,30 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
         return launch(rows_block<Op, kPack, decltype(k)::value>, "rows_block", p, s, op, rows);
       });
     case SOFTMAX_FAMILY_STREAM:
-      if (p.cluster > 1) {
-        if constexpr (kPack > 1 && Op::kStageStream && kAsyncCopy)  // only staged rows are resident
-          return launch(rows_stream<Op, kPack, true>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols,
+      if (p.cluster > 1 || p.grid) {
+        if constexpr (kPack > 1 && Op::kStageStream && kAsyncCopy) {  // only staged rows are resident
+          if (p.cluster > 1)
+            return launch(rows_stream<Op, kPack, kShareCluster>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols,
+                          p.held, int{kStreamResident}, ws);
+          // The groups' counters start at zero (the partials need no clearing: each is written
+          // before its counter says so).
+          using Stat = typename Op::Stat;
+          const int64_t groups = p.blocks / p.chunks;
+          const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, p.chunks), 0,
+                                              static_cast<size_t>(groups) * sizeof(unsigned), s);
+          if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
+          return launch(rows_stream<Op, kPack, kShareGrid>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
                         int{kStreamResident}, ws);
-        return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a cluster plan for rows that are not staged");
+        }
+        return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a shared-row plan for rows that are not staged");
       }
       if (p.chunks == 1)
-        return launch(rows_stream<Op, kPack>, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols,
+        return launch(rows_stream<Op, kPack>, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols, p.held,
                       int{p.resident ? kStreamResident : kStreamWhole}, ws);
       if (int st = launch(rows_stream<Op, kPack>, "rows_stream (statistics)", p, s, op, rows, p.chunks, p.chunk_cols,
-                          int{kStreamStats}, ws))
+                          p.held, int{kStreamStats}, ws))
         return st;
-      return launch(rows_stream<Op, kPack>, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols,
+      return launch(rows_stream<Op, kPack>, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
                     int{kStreamApply}, ws);
     default:
       return fail(SOFTMAX_ERROR_INTERNAL, "family %d has no launcher here", p.family);
@@ -467,6 +594,23 @@ int launch_plan(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* 
   auto* stats = static_cast<typename Op::Stat*>(ws);
   return p.pack == kVec ? launch_with_pack<Op, kVec>(op, rows, p, s, stats)
                         : launch_with_pack<Op, 1>(op, rows, p, s, stats);
+}
+
+// rows_passes for the plan's group (0: the block a row) and `kPasses`; kGroups/kBlocks: whether
+// the caller's plans take groups of lanes / whole blocks (the others are not compiled).
+template <typename Op, int kPasses, bool kGroups, bool kBlocks>
+int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
+  constexpr int kVec = vec_pack<typename Op::Storage>();
+  auto with_pack = [&](auto pack) -> int {
+    constexpr int kPack = decltype(pack)::value;
+    if (p.group == 0) {
+      if constexpr (kBlocks) return launch(rows_passes<Op, kPack, true, kPasses>, "rows_passes", p, s, op, rows, 0);
+    } else {
+      if constexpr (kGroups) return launch(rows_passes<Op, kPack, false, kPasses>, "rows_passes", p, s, op, rows, p.group);
+    }
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: no kernel for a group of %d lanes", p.group);
+  };
+  return p.pack == kVec ? with_pack(std::integral_constant<int, kVec>()) : with_pack(std::integral_constant<int, 1>());
 }
 
 // ---------------------------------------------------------------------------------------------

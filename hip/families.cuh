@@ -1,9 +1,10 @@
 // families.cuh — the kernel families, one __global__ each: how rows are walked.
 //
 // The reducers handed to an operation's finish(), the stage sizing every family shares, then
-// rows_warp, rows_block, rows_stream and rows_naive (see kernels.cuh for the overview).
+// rows_warp, rows_block, rows_stream and rows_passes (see kernels.cuh for the overview).
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "span.cuh"
@@ -209,26 +210,44 @@ void rows_block(const Op op, int64_t rows) {
 //   kStreamStats  write the chunk's partial statistic to ws[row * chunks + chunk]
 //   kStreamApply  merge the row's partials, then apply to the chunk. Blocks run in reverse
 //                 order, so the chunks read last by the stats launch (still in L2) go first.
-//   kStreamResident  the whole chunk fits the stage (staged ops only): the chunk is copied into
-//                 it once (step s into slots s * kSlots...), both passes read it there, and the
-//                 second pass refills each step's slots with the block's next row as soon as it
-//                 has read them. Global memory is read once instead of twice. kCluster: the
-//                 grid was launched in clusters of `chunks` blocks, one per chunk of a row (block
-//                 b is rank b % chunks): the blocks of a cluster walk the same rows and merge
-//                 their statistics through each other's shared memory. (A kernel of its own:
-//                 the cluster code slows the single-block resident stream even where it never
-//                 runs; docs/TUNING.md, "rows_stream kCluster (hip/families.cuh)".)
+//   kStreamResident  the chunk's first `held` steps fit the stage (staged ops only): they are
+//                 copied into it once (step s into slots s * kSlots...), both passes read them
+//                 there, and the second pass refills each step's slots with the block's next row
+//                 as soon as it has read them. Global memory is read once instead of twice.
+//                 Steps past `held` (kShareGrid only) are streamed through one more step's slots
+//                 in the first pass and read again in the second, last first, so that most of
+//                 them come from L2.
+// kShare: how the blocks of a row (the grid's blocks b, b+1, ... b+chunks-1, which walk the
+// same rows, block b being rank b % chunks) merge their statistics:
+//   kShareNone     one block a row, or the two-launch split through ws.
+//   kShareCluster  launched in clusters of `chunks` blocks: through each other's shared memory.
+//                  (A kernel of its own: the cluster code slows the single-block resident stream
+//                  even where it never runs; docs/TUNING.md, "rows_stream kCluster".)
+//   kShareGrid     a cooperative launch (all blocks resident at once): through ws, a partial a
+//                  block and a counter a row group, for rows too long for a cluster.
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
+enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2 };
 
-template <typename Op, int kPack, bool kCluster = false>
+// kShareGrid's workspace: partials [2][groups][chunks] (alternating by row), then a counter a
+// group, which the launcher zeroes. Bytes, and the counters' offset in them.
+template <typename Stat> constexpr int64_t grid_partials_bytes(int64_t groups, int64_t chunks) {
+  return 2 * groups * chunks * static_cast<int64_t>(sizeof(Stat));
+}
+template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, int64_t chunks) {
+  return grid_partials_bytes<Stat>(groups, chunks) + groups * static_cast<int64_t>(sizeof(unsigned));
+}
+
+template <typename Op, int kPack, int kShare = kShareNone>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
-void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int phase,
+void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int held, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
   constexpr int kUnroll = stream_unroll<Op, kPack>();
   constexpr int kStep = kPack * kUnroll;
+  constexpr bool kCluster = kShare == kShareCluster;
+  constexpr bool kShared = kShare != kShareNone;  // the row's chunks are other blocks' at once
   __shared__ Stat scratch[kMaxWarpsPerBlock];
   const int64_t nblocks = rows * chunks;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
@@ -239,12 +258,19 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   auto span_at = [&](int64_t base, int64_t end) {
     return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
   };
-  // Resident: fn(span, slots, later) for each step of [begin, end), step s in the slots from
-  // s * kSlots; `later` counts the steps after it.
+  // Where the held steps of a chunk [begin, end) end (resident), and the stage past them that
+  // streams the rest.
+  auto held_end = [&](int64_t begin, int64_t end) {
+    if constexpr (kShare == kShareGrid) return min(end, begin + held * stride);
+    else return end;
+  };
+  // Resident: fn(span, slots, later) for each held step of [begin, end), step s in the slots from
+  // s * kSlots; `later` counts the held steps after it.
   auto each_resident_step = [&](int64_t begin, int64_t end, auto&& fn, int from = 0) {
     int step = from;
-    const int steps = static_cast<int>((end - begin + stride - 1) / stride);
-    for (int64_t base = begin + from * stride; base < end; base += stride, ++step)
+    const int64_t stop = held_end(begin, end);
+    const int steps = static_cast<int>((stop - begin + stride - 1) / stride);
+    for (int64_t base = begin + from * stride; base < stop; base += stride, ++step)
       fn(span_at(base, end), stage.at(step * kSlots), steps - 1 - step);
   };
   // Resident: reads the step in slots `st` into v, then refills those slots from row `refill`
@@ -258,22 +284,52 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       copy_async_commit();
     }
   };
+  // kShareGrid's streamed steps: base = from_base, from_base + dir * stride, ... while in [lo, hi)
+  // of row w (a chunk ending at `end`), use(span, items) per step, the next step's copies in
+  // flight through the slots `st` while this step is reduced or written. (The unstaged and
+  // unshared passes keep their own loop below: the same walk, in their code as it was measured.)
+  auto stream_steps = [&](const typename Op::Row& w, int64_t from_base, int64_t lo, int64_t hi, int64_t dir,
+                          int64_t end, const Stage& st, auto&& use) {
+    if (from_base < lo || from_base >= hi) return;
+    if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(from_base, end), true, st);
+    for (int64_t base = from_base; base >= lo && base < hi; base += dir * stride) {
+      Item v[kStep];
+      if (kSlots) copy_async_wait();
+      op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, kSlots ? &st : nullptr);
+      if (kSlots) {
+        copy_async_reuse_fence();
+        const int64_t next = base + dir * stride;
+        if (next >= lo && next < hi) op.template prefetch<kPack, kUnroll>(w, span_at(next, end), true, st);
+      }
+      use(span_at(base, end), v);
+    }
+  };
   // One pass over the steps of [begin, end) of row w that start before `stop`: use(span, items)
-  // per step, with the next step's copies in flight (when staged) while this step is reduced or
-  // written. Resident: each step is read from its own slots, which are then refilled from row
-  // `refill` (when not null); only unmasked ops stage, so their stop is the end. A row's copies
-  // are committed a group per step, so its `first` pass waits only for the step it reads while
-  // the later steps still land (docs/TUNING.md, "rows_stream pass (hip/families.cuh)").
+  // per step. Resident: each held step is read from its own slots, which are then refilled from
+  // row `refill` (when not null); only unmasked ops stage, so their stop is the end. A row's
+  // copies are committed a group per step, so its `first` pass waits only for the step it reads
+  // while the later steps still land (docs/TUNING.md, "rows_stream pass (hip/families.cuh)").
+  // The steps past the held ones stream after them in the first pass, and before them, last
+  // first, in the second (the held steps' refills are then the only copies in flight).
   // (`from`: resident steps before it were done already.)
   auto pass = [&](const typename Op::Row& w, int64_t begin, int64_t end, int64_t stop, auto&& use,
                   const typename Op::Row* refill = nullptr, bool first = false, int from = 0) {
     if (resident) {
+      const int64_t hend = held_end(begin, end);
+      const Stage ring = stage.at(kShare == kShareGrid ? held * kSlots : 0);  // the streamed steps' slots
+      if constexpr (kShare == kShareGrid) {
+        const int64_t last = hend + (end - hend - 1) / stride * stride;  // the last streamed step
+        if (!first) stream_steps(w, last, hend, end, -1, end, ring, use);
+      }
       each_resident_step(begin, end, [&](const Span& span, const Stage& st, int later) {
         Item v[kStep];
         if (first) copy_async_wait_group(later);
         read_resident(w, span, st, v, refill);
         use(span, v);
       }, from);
+      if constexpr (kShare == kShareGrid) {
+        if (first) stream_steps(w, hend, hend, end, 1, end, ring, use);
+      }
       return;
     }
     if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin, end), true, stage);
@@ -289,8 +345,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     }
   };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
-    const typename Op::Row w = op.prefetch_row(kCluster ? blockIdx.x / chunks : blockIdx.x);
-    const int64_t begin = kCluster ? blockIdx.x % chunks * chunk_cols : 0;
+    const typename Op::Row w = op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x);
+    const int64_t begin = kShared ? blockIdx.x % chunks * chunk_cols : 0;
     each_resident_step(begin, min(op.cols, begin + chunk_cols), [&](const Span& span, const Stage& st, int) {
       op.template prefetch<kPack, kUnroll>(w, span, true, st);
       copy_async_commit();
@@ -298,7 +354,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   }
   // kCluster: a block writes into its peers' shared memory only once they have all started.
   if constexpr (kCluster) cluster_sync();
-  int parity = 0;  // kCluster: which of the two exchange slots this row uses
+  int parity = 0;    // kShared: which of the two exchange slots this row uses
+  unsigned arrived = 0;  // kShareGrid: the group's counter once this row's partials are all in
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
     const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
     const int64_t r = id / chunks, chunk = id % chunks;
@@ -310,21 +367,22 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     // "rows_stream stop (hip/families.cuh)").
     const int64_t stop = min(end, op.live_end(w));
     typename Op::Final fin;
-    // The block's next row (its chunk's, in a cluster), which refills the resident stage.
+    // The block's next row (its chunk's, where the row is shared), which refills the resident stage.
     typename Op::Row next;
-    auto next_row = [&] { return op.prefetch_row(kCluster ? (b + gridDim.x) / chunks : b + gridDim.x); };
-    // kEarly: in a cluster, the second pass's first step is read, and its slots refilled from
-    // the block's next row, before the statistics are reduced and merged. The next row's copies
-    // then land during the block's and the cluster's barriers, which otherwise have no copy in
-    // flight. The step's values are held across the barriers: only where the register cap leaves
-    // room (one block an SM, a cap of 128 registers; docs/TUNING.md, "kEarly (hip/families.cuh)").
-    constexpr bool kEarly = kCluster && Op::kStreamMinBlocks == 1;
+    auto next_row = [&] { return op.prefetch_row(kShared ? (b + gridDim.x) / chunks : b + gridDim.x); };
+    // kEarly: where the row is shared, the second pass's first step is read, and its slots
+    // refilled from the block's next row, before the statistics are reduced and merged. The next
+    // row's copies then land during the block's and the cluster's (grid group's) barriers, which
+    // otherwise have no copy in flight. The step's values are held across the barriers: only
+    // where the register cap leaves room (one block an SM, a cap of 128 registers;
+    // docs/TUNING.md, "kEarly (hip/families.cuh)").
+    constexpr bool kEarly = kShared && Op::kStreamMinBlocks == 1;
     Item early[kEarly ? kStep : 1];
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
       pass(w, begin, end, stop, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, nullptr, true);
       if constexpr (kEarly) {
-        const bool refills = b + gridDim.x < nblocks;  // kCluster is resident
+        const bool refills = b + gridDim.x < nblocks;  // a shared row is resident
         if (refills) next = next_row();
         read_resident(w, span_at(begin, end), stage, early, refills ? &next : nullptr);
       }
@@ -346,6 +404,27 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         cluster_sync();
         st = partial[parity][0];
         for (int k = 1; k < chunks; ++k) st = op.merge()(st, partial[parity][k]);
+        parity ^= 1;
+      } else if constexpr (kShare == kShareGrid) {
+        // Each block publishes its partial and counts itself in at its group's counter; once the
+        // counter shows all of the row's chunks, every block of the group reduces the same
+        // partials in the same order, so all apply the same statistic. Slots alternate by row as
+        // in a cluster. The wait is safe because the launch is cooperative: every peer runs.
+        const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks;
+        Stat* slots = ws + (parity * groups + group) * chunks;
+        unsigned* counter = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) +
+                                                        grid_partials_bytes<Stat>(groups, chunks)) + group;
+        arrived += static_cast<unsigned>(chunks);
+        if (threadIdx.x == 0) {
+          store_volatile(&slots[chunk], st);
+          __threadfence();
+          atomicAdd(counter, 1u);
+          while (load_volatile(counter) < arrived) spin_pause();
+          __threadfence();
+        }
+        __syncthreads();
+        st = threadIdx.x < chunks ? load_volatile(&slots[threadIdx.x]) : Op::stat_init();
+        st = block_all_reduce(st, op.merge(), scratch);
         parity ^= 1;
       }
       fin = Op::finalize(st);
@@ -378,36 +457,85 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// rows_naive: the textbook safe softmax, one block per row: max, then sum of exp, then normalise,
-// each pass reading the row from global memory.
+// rows_passes: the reference algorithms, every pass reading the row from global memory again:
+//   kPasses 2  the op's running statistic in one sweep (online's (max, sum) pair, the backward's
+//              dot product), then a second read that applies it (online, naive_backward);
+//   kPasses 3  the max, the sum of exponentials, then a third read that normalises (naive;
+//              ForwardOp only).
+// kBlockRow: the whole block takes a row at a time. Else a group of `group` lanes (a power of two
+// up to kMaxGroup, the planner's pick for the row's length; a run-time width, as these kernels
+// are references and need not compile one copy a width) takes a row, several rows a block. The
+// loop bound is the warp's first row, so all lanes of a warp run the same trips (the groups'
+// shuffles need the whole warp) and rows past the end ride along as dead rows.
 
-// Op is a ForwardOp without mask or causal limit (kPlain, or kAdditive for an unfoldable scale).
-template <typename Op, int kPack>
-__global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks) void rows_naive(const Op op, int64_t rows) {
+// Packs a lane a step: kRowRegisters values of every array, at most 8, and in groups at most 64
+// bytes of each array a lane, so that a warp's load of many short rows touches few lines at a
+// time (float32 rows of 32 read as 8 packs a lane ran at 37% of copy; docs/TUNING.md, "rows_passes").
+template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_unroll() {
+  constexpr int n = kRowRegisters / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
+  constexpr int cap = kBlockRow ? 8 : std::min(8, 64 / (kPack * static_cast<int>(sizeof(typename Op::Storage))));
+  return n < 1 ? 1 : n > cap ? cap : n;
+}
+
+template <typename Op, int kPack, bool kBlockRow, int kPasses>
+__global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
+void rows_passes(const Op op, int64_t rows, int group) {
+  using Item = typename Op::Item;
+  using Stat = typename Op::Stat;
   using C = typename Op::C;
-  __shared__ C scratch[kMaxWarpsPerBlock];
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * kPack;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const typename Op::Row w = op.row(r);
-    C v[kPack];
-    C m = neg_inf<C>();
-    for (int64_t base = 0; base < op.cols; base += stride) {
-      op.template load<kPack, 1>(w, Span{base, static_cast<int>(threadIdx.x), 0, op.cols}, true, v);
-      m = MaxOp()(m, tree_reduce<kPack>(v, MaxOp()));
+  constexpr int kUnroll = passes_unroll<Op, kPack, kBlockRow>();
+  constexpr int kStep = kPack * kUnroll;
+  static_assert(kPasses == 2 || kPasses == 3, "two or three passes");
+  __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
+  __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
+  const int width = kBlockRow ? static_cast<int>(blockDim.x) : group;
+  const int lane = kBlockRow ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % group;
+  const int64_t per_block = kBlockRow ? 1 : blockDim.x / group;
+  const int64_t stride = int64_t{gridDim.x} * per_block;
+  // The row of the warp's first group, and this group's.
+  const int64_t lead = blockIdx.x * per_block + (kBlockRow ? 0 : static_cast<int64_t>(threadIdx.x / kWarpSize) * (kWarpSize / group));
+  const int64_t mine = kBlockRow ? blockIdx.x : blockIdx.x * per_block + threadIdx.x / group;
+  const int64_t step_cols = int64_t{width} * kStep;
+  auto reduce = [&](auto v, auto rop, auto* scratch) {
+    if constexpr (kBlockRow) {
+      return block_all_reduce(v, rop, scratch);
+    } else {  // the group's lanes are aligned inside kMaxGroup lanes, so xor stays in the group
+      for (int m = group / 2; m > 0; m /= 2) v = rop(v, shfl_xor_value(v, m, kMaxGroup));
+      return v;
     }
-    const C ref = safe_ref(block_all_reduce(m, MaxOp(), scratch));
-    C s = 0;
-    for (int64_t base = 0; base < op.cols; base += stride) {
-      op.template load<kPack, 1>(w, Span{base, static_cast<int>(threadIdx.x), 0, op.cols}, true, v);
+  };
+  // fn(span, items) for each step of row w, loaded (dead rows: padding only).
+  auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn) {
+    for (int64_t base = 0; base < op.cols; base += step_cols) {
+      const Span span{base, lane, width, op.cols};
+      Item v[kStep];
+      op.template load<kPack, kUnroll>(w, span, live, v);
+      fn(span, v);
+    }
+  };
+  for (int64_t k = 0; lead + k < rows; k += stride) {
+    const int64_t r = mine + k;
+    const bool live = r < rows;
+    const typename Op::Row w = op.row(live ? r : 0);
+    typename Op::Final fin;
+    if constexpr (kPasses == 2) {
+      Stat st = Op::stat_init();
+      sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
+      fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
+    } else {
+      C m = neg_inf<C>();
+      sweep(w, live, [&](const Span&, Item* v) { m = MaxOp()(m, tree_reduce<kStep>(v, MaxOp())); });
+      const C ref = safe_ref(reduce(m, MaxOp(), value_scratch));
+      C s = 0;
+      sweep(w, live, [&](const Span&, Item* v) {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) s += op.exp_of(v[i], ref);
+        for (int i = 0; i < kStep; ++i) s += op.exp_of(v[i], ref);
+      });
+      fin = {ref, safe_inverse(reduce(s, SumOp(), value_scratch))};
     }
-    const typename Op::Final fin{ref, safe_inverse(block_all_reduce(s, SumOp(), scratch))};
-    for (int64_t base = 0; base < op.cols; base += stride) {
-      const Span span{base, static_cast<int>(threadIdx.x), 0, op.cols};
-      op.template load<kPack, 1>(w, span, true, v);
-      op.template apply<kPack>(v, fin);
-      op.template store<kPack, 1>(w, span, v);
-    }
+    sweep(w, live, [&](const Span& span, Item* v) {
+      op.template apply<kStep>(v, fin);
+      if (live) op.template store<kPack, kUnroll>(w, span, v);
+    });
   }
 }

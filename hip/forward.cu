@@ -1,10 +1,11 @@
 // forward.cu — the forward dispatcher: softmax(x * scale + mask) over rows, by algorithm.
 //
 //   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length
-//   online  rows_stream: running (max, sum) then normalise, split across blocks for few rows
-//   naive   rows_naive: max, sum, normalise, one block per row
-// Reads x (and the mask) and writes out once, except rows_stream (x twice) and rows_naive (x
-// three times). All launches go on `stream`.
+//   online  rows_passes (short unmasked rows, in groups of lanes) or rows_stream: running
+//           (max, sum), then normalise; the stream splits rows across blocks for few rows
+//   naive   rows_passes: max, sum, normalise, each a read of the row
+// Reads x (and the mask) and writes out once, except rows_stream (x twice, unless resident) and
+// rows_passes (x twice or three times). All launches go on `stream`.
 #include <limits>
 
 #include "dispatch.cuh"
@@ -101,12 +102,22 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                     static_cast<long long>(p.cols));
       break;
-    case SOFTMAX_ALGO_ONLINE:
-      if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan))
-        return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
+    case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
+      // Groups for unmasked short rows: where the stream's block would leave lanes idle (a row
+      // shorter than a warp's step), and 16-bit rows up to a group's step, where groups measured
+      // faster (docs/TUNING.md, "rows_passes"). Masked kinds, and a requested chunk count or block
+      // size, take the stream.
+      const int64_t stream_lanes =
+          ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
+      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp;
+      if (Op::kMasked || p.chunks || p.threads || !groups ||
+          !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))
+        if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, kOnCluster))
+          return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
       break;
+    }
     case SOFTMAX_ALGO_NAIVE:
-      plan = plan_naive(p.rows, p.cols, pack, dev);
+      plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
       break;
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
@@ -122,14 +133,17 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
-  if (plan.family == kNaiveFamily) {
+  if (plan.family == kPassesFamily) {
     if constexpr (Op::kBool) {  // the boolean kinds always carry a mask or a causal limit
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
     } else {
+      if (plan.passes == 2) {
+        if constexpr (!Op::kMasked) return launch_passes<Op, 2, true, false>(op, p.rows, plan, stream);
+        return fail(SOFTMAX_ERROR_INTERNAL, "online: a plan in groups for a masked kind");
+      }
       if (op.mask || op.causal_queries.d)
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
-      return pack > 1 ? launch(rows_naive<Op, vec_pack<T>()>, "rows_naive", plan, stream, op, p.rows)
-                      : launch(rows_naive<Op, 1>, "rows_naive", plan, stream, op, p.rows);
+      return launch_passes<Op, 3, true, true>(op, p.rows, plan, stream);
     }
   }
   return launch_plan(op, p.rows, plan, stream, p.workspace);

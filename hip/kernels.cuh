@@ -23,11 +23,13 @@
 //   rows_block   a block holds one row in registers (up to kBlockMaxThreads x max_items)
 //   rows_stream  2 passes, optionally split across blocks (any length); where the whole row fits
 //                the block's shared memory it stays there (resident) and global memory is read once,
-//                and where it fits a cluster of blocks' (sm_90) each keeps a chunk resident
-//   rows_naive   3 passes over global memory (the reference algorithm, forward only)
+//                where it fits a cluster of blocks' (sm_90) each keeps a chunk resident, and rows
+//                that no cluster holds are shared by a group of a cooperative grid's blocks
+//   rows_passes  the reference algorithms, 2 or 3 reads of global memory (online and
+//                naive_backward on short rows, naive on every row), a group of lanes or a block a row
 // Bytes moved: rows_warp/rows_block and a resident rows_stream read each input once and write
-// once; otherwise rows_stream reads the inputs twice (the second read often from L2); rows_naive
-// reads x three times.
+// once (a grid's row past its blocks' stages reads the rest twice); otherwise rows_stream reads
+// the inputs twice (the second read often from L2); rows_passes reads them two or three times.
 #pragma once
 
 #include "span.cuh"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 try:
     import cupy
     import pysoftmax
-    from pysoftmax import _ops
+    from pysoftmax import _lib, _ops
 except ImportError:  # pragma: no cover
     pass
 
@@ -52,6 +52,82 @@ def test_fused_threshold_grid(cols, dtype):
 @pytest.mark.parametrize("cols", [1, 31, 32, 33, 1000, 1024, 1025, 4097, 65537])
 def test_reference_algorithms(algo, cols, dtype):
     check_forward(algo, 9, cols, dtype, rng())
+
+
+# rows_passes' group widths (dispatch.cuh, plan_passes): in groups a lane takes at most 64 bytes
+# (4 vector packs: 16 float32, 32 16-bit, 8 float64 columns; 8 elements of an unaligned row), in
+# groups of up to 32 lanes. online takes them where the stream's block would leave lanes idle
+# (fewer than 32 of its 4-pack or 16-element lanes) and for 16-bit rows up to a group's step;
+# naive everywhere (longer rows a block a row). Columns on both sides of each width.
+PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024,
+               1025, 2049, 5000]
+
+
+def passes_plan(algo, cols, dtype):
+    """(family, group) that hip/forward.cu's plan should give an unmasked row of `cols` (NVIDIA sm_80+)."""
+    item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
+    vec = cols * item % 16 == 0
+    pack = 16 // item if vec else 1
+    packs = -(-cols // pack)
+    per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
+    lanes = -(-packs // per_lane)
+    group = 1 << max(0, (lanes - 1).bit_length()) if lanes <= 32 else 0
+    if algo == "naive":
+        return "passes", group
+    stream_lanes = -(-packs // (4 if vec else 16))
+    grouped = lanes <= 32 and (item == 2 or stream_lanes < 32)
+    return ("passes", group) if grouped else ("stream", None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algo", ["online", "naive"])
+@pytest.mark.parametrize("cols", PASSES_COLS)
+def test_reference_algorithms_in_groups(algo, cols, dtype):
+    """online and naive on short rows, several rows a block in groups of lanes: 777 rows, so that
+    the last warp's groups are partly past the end (dead rows ride along)."""
+    g = rng()
+    plan = _ops.plan((777, cols), dtype, algo=algo)
+    if async_copy():
+        family, group = passes_plan(algo, cols, dtype)
+        assert plan["family"] == family, (plan, family, group)
+        if family == "passes":
+            assert plan["group"] == group and plan["passes"] == (3 if algo == "naive" else 2), (plan, group)
+    check_forward(algo, 777, cols, dtype, g)
+    check_forward(algo, 3, cols, dtype, g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 255, 256, 257, 512, 513, 1024, 1025, 3000])
+def test_naive_backward_in_groups(cols, dtype):
+    """naive_backward on short rows in groups of lanes (longer rows: the stream)."""
+    g = rng()
+    rows = 777
+    y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
+    dy64 = rounded(g.standard_normal((rows, cols)), dtype)
+    dx = pysoftmax.naive_backward(to_device(y64, dtype), to_device(dy64, dtype), scale=0.7,
+                                  out=poisoned((rows, cols), dtype))
+    plan = _ops.plan((rows, cols), dtype, algo="naive", direction="backward")
+    assert plan["family"] in ("passes", "stream"), plan
+    assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"{plan} seed={g.seed}")
+
+
+@pytest.mark.parametrize("cols", [33, 256, 1000])
+def test_online_short_rows_with_masks(cols):
+    """online on short rows with an additive float mask, and (scale <= 0, which is never folded)
+    a boolean mask under a causal limit: masked kinds keep the stream (rows_passes takes
+    unmasked rows only)."""
+    g = rng()
+    q, heads = 40, 5
+    x64 = rounded(g.standard_normal((heads, q, cols)) * 3, "float32")
+    bias = rounded(g.standard_normal((1, 1, cols)), "float32")
+    assert _ops.plan((heads * q, cols), "float32", algo="online", mask=True)["family"] == "stream"
+    y = _ops.forward(to_device(x64, "float32"), algo=_lib.ALGO_ONLINE, mask=to_device(bias, "float32"),
+                     out=poisoned(x64.shape, "float32"))
+    assert_close(to_host64(y), ref_softmax(x64, 1.0, bias), "float32", f"float mask seed={g.seed}")
+    keep = g.random((heads, 1, cols)) > 0.3
+    y = _ops.forward(to_device(x64, "float32"), algo=_lib.ALGO_ONLINE, scale=-0.5, mask=cupy.asarray(keep),
+                     causal=True, out=poisoned(x64.shape, "float32"))
+    assert_close(to_host64(y), ref_softmax(x64, -0.5, keep, causal=True), "float32", f"bool + causal seed={g.seed}")
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -256,7 +332,8 @@ def test_plan_crosses_thresholds():
     many = _ops.plan((4096, 1 << 18), "float32")  # many long rows: no split into two launches
     assert many["chunks"] == many["cluster"] and many["workspace"] == 0, many
     assert _ops.plan((1, 1 << 24), "float32", algo="online")["family"] == "stream"
-    assert _ops.plan((64, 10), "float32", algo="naive")["family"] == "naive"
+    naive = _ops.plan((64, 10), "float32", algo="naive")
+    assert naive["family"] == "passes" and naive["passes"] == 3 and naive["group"] == 2, naive  # 8 elements a lane
     # Many rows too long for a block of kBlockMaxAutoThreads: the stream, with the row resident,
     # where the platform stages (fewer rows split into chunks and stay in one wide block).
     for dt in ("float32", "float16"):  # stages of 128 and 64 KiB

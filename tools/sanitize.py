@@ -2,7 +2,7 @@
 
 `make sanitize` runs this. It starts the sanitizer on tools/sanitize_workload.py (small shapes
 that reach rows_warp (tiny and medium tables, vector and scalar packs), rows_block, rows_stream
-whole and split, rows_naive, forward and backward, masks and causal) once per tool, and fails
+whole, split, in clusters and on a cooperative grid, rows_passes, forward and backward, masks and causal) once per tool, and fails
 unless every tool reports 0 errors. CuPy's memory pool is off in the workload, so every array is
 its own allocation and an out-of-bounds access cannot hide inside a pooled chunk.
 """

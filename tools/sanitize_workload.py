@@ -39,6 +39,10 @@ for dtype in ("float32", "float16", "float64"):
                 continue
             step(f"family {fam} {dtype} {cols}", lambda: _ops.forward(x, family=fam))
             step(f"family {fam} backward {dtype} {cols}", lambda: _ops.backward_impl(y, dy, family=fam))
+x = arr((777, 40))  # rows_passes: groups of 2 lanes, the last warp's groups partly past the end
+for algo in ("naive", "online"):
+    step(f"{algo} in groups", lambda: getattr(pysoftmax, algo)(x))
+step("naive_backward in groups", lambda: pysoftmax.naive_backward(x, x))
 x = arr((3, 70000))
 step("stream split", lambda: _ops.forward(x, family=3, chunks=5))
 step("stream split backward", lambda: _ops.backward_impl(x, x, family=3, chunks=5))
@@ -115,3 +119,14 @@ for dtype in ("float32", "float16"):
     step(f"cluster stream {dtype} (cluster={plan['cluster']} stage={plan['stage']})", lambda: _ops.forward(x))
     step(f"cluster stream backward {dtype}", lambda: _ops.backward_impl(x, x))
     del x
+    # Rows that no cluster holds, on a cooperative grid whose groups of blocks exchange their
+    # statistics through global memory: 9 rows held whole (more rows than groups, so groups walk
+    # several, refilling their stages), and one row past the grid's capacity (each block streams
+    # the rest of its chunk twice through one more step's slots).
+    for shape in ((9, 1048576), (1, 16777216 if dtype == "float16" else 8388608 + 4096)):
+        x = arr(shape, dtype)
+        plan = _ops.plan(x.shape, dtype)
+        step(f"grid stream {shape} {dtype} (grid={plan['grid']} chunks={plan['chunks']} held={plan['held']})",
+             lambda: _ops.forward(x))
+        step(f"grid stream backward {shape} {dtype}", lambda: _ops.backward_impl(x, x))
+        del x

@@ -34,6 +34,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
   dev.warp = 32;
   dev.stage_bytes = stage_bytes - kStaticSharedBytes;
   dev.max_cluster = max_cluster;
+  dev.cooperative = true; dev.l2_bytes = 50 << 20;  // every GPU listed in main() launches cooperative grids
   for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
@@ -89,21 +90,30 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               // Resident: one step's slots for each step of the block's chunk, as the kernel indexes them.
               const int64_t stride = int64_t{p.threads} * pack * unroll;
               const int64_t steps = (cols + stride - 1) / stride, chunk_steps = (p.chunk_cols + stride - 1) / stride;
-              if (p.resident && (p.chunks != p.cluster || step == 0))
+              if (p.resident && ((!p.grid && p.chunks != p.cluster) || step == 0))
                 report(op, "rows_stream resident without a stage, or in chunks that are not a cluster", family, pack, threads, cols, p);
+              if (p.grid && (!p.resident || p.cluster != 1 || p.chunks < 2 || p.blocks % p.chunks || p.blocks > 2 * dev.sms ||
+                             p.chunk_cols % stride || (p.chunks - 1) * p.chunk_cols >= cols || p.held < 1 ||
+                             p.held > chunk_steps || p.threads != kStreamThreads))
+                report(op, "rows_stream grid malformed", family, pack, threads, cols, p);
+              if (p.grid && p.blocks > dev.sms &&
+                  2 * (p.stage + kStaticSharedBytes + kSharedReservedPerBlock) > dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock)
+                report(op, "rows_stream grid of two blocks an SM that do not fit its shared memory", family, pack, threads, cols, p);
               if (p.cluster > 1 && (p.cluster > dev.max_cluster || p.blocks % p.cluster || p.chunk_cols % stride ||
                                     (p.chunks - 1) * p.chunk_cols >= cols))
                 report(op, "rows_stream cluster malformed", family, pack, threads, cols, p);
-              if (p.stage != (p.resident ? step * chunk_steps : step))
+              const int64_t slots = p.grid ? p.held + (p.held < chunk_steps ? 1 : 0) : p.resident ? chunk_steps : 1;
+              if (p.stage != step * slots)
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
               if (!p.resident && p.chunks == 1 && step > 0 && step * steps <= dev.stage_bytes)
                 report(op, "rows_stream not resident where the row fits the stage", family, pack, threads, cols, p);
               if (!p.resident && p.chunks == 1 && step > 0 &&
                   step * ((steps + dev.max_cluster - 1) / dev.max_cluster) <= dev.stage_bytes)
                 report(op, "rows_stream not in a cluster where one holds the row", family, pack, threads, cols, p);
-              Plan capped = p;  // a requested grid cap keeps whole clusters
-              cap_blocks(&capped, 3 * p.cluster + 1);
-              if (capped.blocks % capped.cluster || capped.blocks < capped.cluster || capped.blocks > p.blocks)
+              Plan capped = p;  // a requested grid cap keeps whole clusters (grid groups)
+              const int64_t unit = p.grid ? p.chunks : p.cluster;
+              cap_blocks(&capped, static_cast<int>(3 * unit + 1));
+              if (capped.blocks % unit || capped.blocks < unit || capped.blocks > p.blocks)
                 report(op, "a grid cap that splits a cluster", family, pack, threads, cols, p);
             }
           }
