@@ -204,7 +204,8 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
       if (per_sm > Op::kStreamMinBlocks) continue;  // the kernel's register cap admits kStreamMinBlocks blocks an SM
       const int64_t fit = (sm_shared / per_sm - kStaticSharedBytes - kSharedReservedPerBlock) / step_stage;
       const int64_t grid = int64_t{dev.sms} * per_sm;
-      for (int64_t c = 2; c <= std::min(grid, steps); ++c) {
+      // At most a partial a thread: the kernel's merge reads partial k in thread k.
+      for (int64_t c = 2; c <= std::min({grid, steps, int64_t{kStreamThreads}}); ++c) {
         const int64_t n = ceil_div(steps, c);  // steps a chunk
         if (ceil_div(steps, n) != c) continue;  // the same chunks as a smaller count
         const int64_t held = n <= fit ? n : fit - 1;  // the rest stream through one more step's slots
@@ -502,9 +503,11 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
   } else if (p.grid) {
     const hipError_t e = launch_cooperative(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(p.threads),
                                             static_cast<size_t>(p.stage), s, args...);
-    if (e != hipSuccess)
+    if (e != hipSuccess) {
+      (void)hipGetLastError();  // cleared, so that the next launch's check does not report it
       return fail(SOFTMAX_ERROR_RUNTIME, "launching %s on a cooperative grid of %lld blocks: %s", family,
                   static_cast<long long>(blocks), hipGetErrorString(e));
+    }
   } else {
     kernel<<<dim3(static_cast<unsigned>(blocks)), dim3(p.threads), static_cast<size_t>(p.stage), s>>>(args...);
   }
@@ -568,7 +571,10 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
           const int64_t groups = p.blocks / p.chunks;
           const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, p.chunks), 0,
                                               static_cast<size_t>(groups) * sizeof(unsigned), s);
-          if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
+          if (e != hipSuccess) {
+            (void)hipGetLastError();  // cleared, as after a failed launch
+            return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
+          }
           return launch(rows_stream<Op, kPack, kShareGrid>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
                         int{kStreamResident}, ws);
         }

@@ -423,7 +423,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
           __threadfence();
         }
         __syncthreads();
-        st = threadIdx.x < chunks ? load_volatile(&slots[threadIdx.x]) : Op::stat_init();
+        st = threadIdx.x < chunks ? load_volatile(&slots[threadIdx.x]) : Op::stat_init();  // chunks <= threads (plan_grid)
         st = block_all_reduce(st, op.merge(), scratch);
         parity ^= 1;
       }

@@ -94,7 +94,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
                 report(op, "rows_stream resident without a stage, or in chunks that are not a cluster", family, pack, threads, cols, p);
               if (p.grid && (!p.resident || p.cluster != 1 || p.chunks < 2 || p.blocks % p.chunks || p.blocks > 2 * dev.sms ||
                              p.chunk_cols % stride || (p.chunks - 1) * p.chunk_cols >= cols || p.held < 1 ||
-                             p.held > chunk_steps || p.threads != kStreamThreads))
+                             p.held > chunk_steps || p.threads != kStreamThreads || p.chunks > p.threads))
                 report(op, "rows_stream grid malformed", family, pack, threads, cols, p);
               if (p.grid && p.blocks > dev.sms &&
                   2 * (p.stage + kStaticSharedBytes + kSharedReservedPerBlock) > dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock)
