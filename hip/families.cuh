@@ -287,7 +287,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   // kShareGrid's streamed steps: base = from_base, from_base + dir * stride, ... while in [lo, hi)
   // of row w (a chunk ending at `end`), use(span, items) per step, the next step's copies in
   // flight through the slots `st` while this step is reduced or written. (The unstaged and
-  // unshared passes keep their own loop below: the same walk, in their code as it was measured.)
+  // unshared passes keep their own loop below: the same walk, as its code was tuned.)
   auto stream_steps = [&](const typename Op::Row& w, int64_t from_base, int64_t lo, int64_t hi, int64_t dir,
                           int64_t end, const Stage& st, auto&& use) {
     if (from_base < lo || from_base >= hi) return;
@@ -469,11 +469,12 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
 // shuffles need the whole warp) and rows past the end ride along as dead rows.
 
 // Packs a lane a step: kRowRegisters values of every array, at most 8, and in groups at most 64
-// bytes of each array a lane, so that a warp's load of many short rows touches few lines at a
-// time (float32 rows of 32 read as 8 packs a lane ran at 37% of copy; docs/TUNING.md, "rows_passes").
+// bytes (kStagedPacks packs) of each array a lane, so that a warp's load of many short rows touches few lines at a
+// time (docs/TUNING.md, "rows_passes").
 template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_unroll() {
   constexpr int n = kRowRegisters / (kPack * Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
-  constexpr int cap = kBlockRow ? 8 : std::min(8, 64 / (kPack * static_cast<int>(sizeof(typename Op::Storage))));
+  constexpr int lane_bytes = kStagedPacks * kPackBytes;
+  constexpr int cap = kBlockRow ? 8 : std::min(8, lane_bytes / (kPack * static_cast<int>(sizeof(typename Op::Storage))));
   return n < 1 ? 1 : n > cap ? cap : n;
 }
 
