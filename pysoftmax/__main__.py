@@ -5,10 +5,21 @@ import sys
 
 
 def _shapes(text):
-    try:
-        return [tuple(int(n) for n in s.lower().split("x")) for s in text.split(",") if s]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shapes: expected ROWSxCOLS[,ROWSxCOLS...], got {text!r}") from None
+    """--shapes: named sets (_bench.SHAPE_SETS) and ROWSxCOLS, comma-separated, in order, each shape once."""
+    from . import _bench  # numpy only, already imported by the package
+
+    out = []
+    for item in (s.strip().lower() for s in text.split(",")):
+        if item in _bench.SHAPE_SETS:
+            out += _bench.SHAPE_SETS[item]
+        elif item:
+            try:
+                rows, cols = (int(n) for n in item.split("x"))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"--shapes: expected {'|'.join(_bench.SHAPE_SETS)} or "
+                                                 f"ROWSxCOLS[,ROWSxCOLS...], got {text!r}") from None
+            out.append((rows, cols))
+    return list(dict.fromkeys(out))
 
 
 def _gpu_or_exit(what):
@@ -148,7 +159,10 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="platform, architectures built, library path, GPUs found").set_defaults(fn=info)
     b = sub.add_parser("bench", help="time pysoftmax against CuPy and torch: GB/s and %% of copy bandwidth")
-    b.add_argument("--shapes", type=_shapes, help="ROWSxCOLS,... (default: PERF.md's table)")
+    b.add_argument("--shapes", type=_shapes,
+                   help="perf (PERF.md's table, the default), sweep (widths between the powers of two, odd "
+                        "widths), long (rows of 64K to 32M), suite (the benchmark suite's), all, or ROWSxCOLS; "
+                        "several comma-separated")
     b.add_argument("--dtypes", type=lambda s: s.split(","), help="float32,float16,bfloat16 (default all three)")
     b.add_argument("--no-attention", action="store_true", help="skip the [B,H,S,S] attention cases")
     b.add_argument("--json", help="write every measurement to this JSON file")

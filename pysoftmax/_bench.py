@@ -4,6 +4,9 @@ Timing: CUDA events around each call, L2 flushed (a 256 MiB write) before every 
 that no shape is measured out of cache, a warm-up first, the median of the repeats reported.
 Bytes are the fewest the op must move: forward reads x and writes y; backward reads y and dy and
 writes dx (masks are not counted). The ceiling is a device-to-device copy measured in the same run.
+Peers: torch.softmax (and its backward), the composed ``softmax(x * scale + mask)`` for the masked
+cases, each of those through torch.compile with static shapes (compiled before the timing, once a
+case), and CuPy's composed softmax.
 """
 
 import json
@@ -14,14 +17,48 @@ import time
 import numpy
 
 
-# PERF.md's first table (rows, cols) and the attention shapes (B, H, S).
+# PERF.md's first table (rows, cols) and the attention shapes (B, H, S): B*H*S query rows over S
+# keys, long contexts and the small blocks of short ones (S = 64 to 512, one of them odd).
 PERF_SHAPES = [
     (8388608, 32), (2097152, 128), (524288, 512), (262144, 1024), (131072, 2048), (65536, 4096),
     (32768, 8192), (16384, 16384), (8192, 32768), (2048, 131072), (256, 1048576), (4096, 262144),
     (64, 1048576), (8, 4194304), (1, 16777216), (256, 2048), (256, 8192),
 ]
-ATTENTION_SHAPES = [(8, 32, 1024), (2, 16, 4096), (1, 8, 8192), (64, 16, 128)]
+ATTENTION_SHAPES = [(8, 32, 1024), (2, 16, 4096), (1, 8, 8192), (64, 16, 128),
+                    (512, 16, 64), (128, 16, 256), (64, 16, 257), (32, 16, 512)]
 DTYPES = ["float32", "float16", "bfloat16"]
+# The width sweep: row lengths between the powers of two that are whole 16-byte packs (multiples of
+# 4 elements: packs of float32, and of 16-bit too but for 2500), as head and hidden sizes are, and
+# odd lengths, where no pack divides a row and the kernels take their element-wise tails.
+SWEEP_PACKED = [48, 80, 96, 160, 200, 320, 384, 640, 768, 1536, 2500, 5000, 12288, 24576]
+SWEEP_ODD = [33, 99, 257, 1001, 2049, 4097, 10001, 32001, 100003]
+SWEEP_WIDTHS = SWEEP_PACKED + SWEEP_ODD
+# Every sweep shape holds at least this many elements (64 MiB in 16-bit, 128 MiB in float32): out
+# of L2 and long enough that the launch is noise, so widths compare by bandwidth alone.
+SWEEP_ELEMENTS = 32 << 20
+
+
+def sweep_shape(cols, elements=SWEEP_ELEMENTS):
+    """(rows, cols) with the fewest rows that hold `elements` or more."""
+    return (-(-elements // cols), cols)
+
+
+SWEEP_SHAPES = [sweep_shape(c) for c in SWEEP_WIDTHS]
+# Rows too long for one block (65536 to 32M columns), powers of two and odd lengths, 1 to 4096 rows,
+# each 64 MiB or more in 16-bit (a single row needs 32M columns for that; 2 x 16M + 1 stands in
+# for the single row of 16M + 1).
+LONG_SHAPES = [
+    (1024, 65536), (1024, 65537), (2048, 131072), (2048, 131071), (4096, 262144), (256, 1048576),
+    (64, 1048577), (8, 4194304), (5, 8388607), (2, 16777216), (2, 16777217), (1, 33554433),
+]
+# The pytest-benchmark suite's shapes (benchmarks/), and so the gate's: PERF.md's table, a few
+# widths of the sweep (packed and odd) and a few long rows of odd length. Kept to a subset so that
+# the suite's run stays short; `bench --shapes sweep|long` times the whole sets.
+SUITE_SHAPES = (PERF_SHAPES + [sweep_shape(c) for c in (96, 200, 768, 33, 1001, 4097, 32001)]
+                + [(2048, 131071), (64, 1048577), (2, 16777217)])
+# The named sets of `bench --shapes`; "all" is every shape once, in this order.
+SHAPE_SETS = {"perf": PERF_SHAPES, "sweep": SWEEP_SHAPES, "long": LONG_SHAPES, "suite": SUITE_SHAPES}
+SHAPE_SETS["all"] = list(dict.fromkeys(PERF_SHAPES + SWEEP_SHAPES + LONG_SHAPES))
 
 
 def gpu_clock():
@@ -143,6 +180,56 @@ def _torch():
         return None
 
 
+# The torch peers of a case, of which `table`'s "x best" takes the fastest: the bar is fused at
+# 1.00x or more of the fastest of them on every shape, forward and backward.
+TORCH_PEERS = ("torch", "torch composed", "torch_compile")
+
+
+class PeerUnavailable(Exception):
+    """A peer that cannot run on this machine (not installed, or its compilation failed): it is
+    reported as unavailable, never timed as something else."""
+
+
+def compile_peer(torch, fn, *args):
+    """`fn` through ``torch.compile`` with static shapes, compiled for `args` and run once.
+
+    The compilation (seconds) happens here, outside any timing. Dynamo's caches are reset first:
+    every case compiles the same few functions for new shapes, and past its recompile limit dynamo
+    would run them eagerly; ``fullgraph=True`` makes any fallback to eager (a graph break, the limit)
+    an error instead, so a compiled peer never silently times eager torch. Call it with arguments
+    like `args` (other shapes recompile, in the timing).
+
+    Raises
+    ------
+    PeerUnavailable
+        When compilation fails (no Triton, an unsupported dtype, an inductor error).
+    """
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+        compiled(*args)
+        torch.cuda.synchronize()
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise PeerUnavailable(f"torch.compile failed: {type(e).__name__}: {first}"[:200]) from e
+    return compiled
+
+
+def additive_mask(torch, dtype, shape, keep=None, causal=False):
+    """The mask of the composed torch peers, ``softmax(x * scale + mask)``: a `dtype` tensor that
+    is 0 where a logit is kept and -inf where `keep` (a boolean CuPy array broadcasting to `shape`)
+    is False or, with `causal`, at key j > query i over the last two axes of `shape`."""
+    mask = torch.zeros((), device="cuda", dtype=dtype)
+    if keep is not None:
+        tk = torch.from_dlpack(keep)
+        mask = torch.zeros(tk.shape, device="cuda", dtype=dtype).masked_fill(~tk, float("-inf"))
+    if causal:
+        q, k = shape[-2], shape[-1]
+        mask = mask + torch.zeros(q, k, device="cuda", dtype=dtype).masked_fill(
+            torch.ones(q, k, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    return mask
+
+
 def cases(shapes, dtypes, attention=True):
     """(label, kind, shape, dtype) for every measurement the table holds."""
     out = []
@@ -180,14 +267,26 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
         tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                "float64": torch.float64}[dtype]
 
+    def fail(algo, e):
+        results.append(dict(case=kind, shape=list(shape), dtype=dtype, algo=algo, error=str(e)[:200]))
+
     def add(algo, fn, nbytes, check=None):
         try:
             ms = timer(fn)
         except Exception as e:  # a peer that cannot run this case (memory, dtype) is reported
-            results.append(dict(case=kind, shape=list(shape), dtype=dtype, algo=algo, error=str(e)[:200]))
+            fail(algo, e)
             return
         results.append(dict(case=kind, shape=list(shape), dtype=dtype, algo=algo, ms=ms, gbs=nbytes / ms / 1e6,
                             error_vs_f64=check() if check else None))
+
+    def add_compiled(fn, args, nbytes):
+        """torch_compile: `fn` compiled for `args` before the timing, then timed on them."""
+        try:
+            compiled = compile_peer(torch, fn, *args)
+        except PeerUnavailable as e:
+            fail("torch_compile", e)
+            return
+        add("torch_compile", lambda: compiled(*args), nbytes)
 
     if kind in ("fwd", "fwd+mask+causal", "attn pad", "attn causal"):
         x = _make(cp, shape, dtype)
@@ -200,6 +299,7 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
             if tdt is not None:
                 tx = torch.from_dlpack(x)
                 add("torch", lambda: torch.softmax(tx, -1), nbytes)
+                add_compiled(lambda t: torch.softmax(t, -1), (tx,), nbytes)
             if dtype != "bfloat16":
                 import cupyx.scipy.special
 
@@ -221,18 +321,9 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
                 check=lambda: _masked_forward_error(cp, xv, yv, scale, mask, causal))
             if tdt is not None:
                 tx = torch.from_dlpack(xv)
-                if kind == "attn causal":
-                    q, k = xv.shape[-2], xv.shape[-1]
-                    add_mask = torch.zeros(q, k, device="cuda", dtype=tdt).masked_fill(
-                        torch.ones(q, k, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-                else:
-                    tk = torch.from_dlpack(keep)
-                    add_mask = torch.zeros(tk.shape, device="cuda", dtype=tdt).masked_fill(~tk, float("-inf"))
-                    if causal:
-                        q, k = xv.shape[-2], xv.shape[-1]
-                        add_mask = add_mask + torch.zeros(q, k, device="cuda", dtype=tdt).masked_fill(
-                            torch.ones(q, k, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+                add_mask = additive_mask(torch, tdt, xv.shape, mask, causal)
                 add("torch composed", lambda: torch.softmax(tx * scale + add_mask, -1), nbytes)
+                add_compiled(lambda t, m: torch.softmax(t * scale + m, -1), (tx, add_mask), nbytes)
     else:
         y = pysoftmax.fused(_make(cp, shape, dtype))  # a softmax output: rows sum to 1
         dy = _make(cp, shape, dtype)
@@ -244,6 +335,7 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
         if tdt is not None:
             ty, tdy = torch.from_dlpack(y), torch.from_dlpack(dy)
             add("torch", lambda: torch._softmax_backward_data(tdy, ty, -1, tdt), nbytes)
+            add_compiled(lambda g, p: torch._softmax_backward_data(g, p, -1, tdt), (tdy, ty), nbytes)
     return results
 
 
@@ -280,6 +372,8 @@ def run(shapes=None, dtypes=None, attention=True, json_path=None, progress=True,
 
 def table(report):
     """The report as a text table: one line per case, pysoftmax and peers side by side (GB/s),
+    fused's speed-up over torch, over the fastest torch peer (``x best``: torch.softmax, the
+    composed masked softmax or torch.compile, whichever ran fastest on the case) and over CuPy,
     and the largest error of pysoftmax's algorithms against float64 on sampled rows."""
     rows = {}
     for r in report["results"]:
@@ -287,19 +381,22 @@ def table(report):
         rows.setdefault(key, {})[r["algo"]] = r
     lines = [f"device: {report['device']}   copy bandwidth: {report['copy_gbs']:.0f} GB/s",
              f"{'case':16} {'shape':>22} {'dtype':9} {'fused ms':>9} {'GB/s':>6} {'%copy':>6} {'online':>7} {'naive':>7} "
-             f"{'torch':>7} {'t.comp':>7} {'cupy':>7} {'x torch':>8} {'x cupy':>7} {'max err':>8}"]
+             f"{'torch':>7} {'composed':>8} {'t.compile':>9} {'cupy':>7} {'x torch':>8} {'x best':>7} {'x cupy':>7} "
+             f"{'max err':>8}"]
     for (case, shape, dtype), algos in rows.items():
         g = lambda a: algos.get(a, {}).get("gbs")
         f = g("fused")
         torch_gbs = g("torch") or g("torch composed")  # the masked cases' torch is the composed one
-        cell = lambda v: f"{v:7.0f}" if v else f"{'-':>7}"
+        best = max((v for v in map(g, TORCH_PEERS) if v), default=None)
+        cell = lambda v, width=7: f"{v:{width}.0f}" if v else f"{'-':>{width}}"
         speedup = lambda peer, width: f"{f / peer:{width - 1}.2f}x" if f and peer else f"{'-':>{width}}"
         errs = [a.get("error_vs_f64") for a in algos.values() if a.get("error_vs_f64") is not None]
         ms = algos.get("fused", {}).get("ms")
         lines.append(f"{case:16} {'x'.join(map(str, shape)):>22} {dtype:9} {ms or 0:9.3f} {f or 0:6.0f} "
                      f"{100 * (f or 0) / report['copy_gbs']:6.1f} {cell(g('online'))} {cell(g('naive'))} "
-                     f"{cell(g('torch'))} {cell(g('torch composed'))} {cell(g('cupy'))} "
-                     f"{speedup(torch_gbs, 8)} {speedup(g('cupy'), 7)} "
+                     f"{cell(g('torch'))} {cell(g('torch composed'), 8)} {cell(g('torch_compile'), 9)} "
+                     f"{cell(g('cupy'))} "
+                     f"{speedup(torch_gbs, 8)} {speedup(best, 7)} {speedup(g('cupy'), 7)} "
                      + (f"{max(errs):8.1e}" if errs else f"{'-':>8}"))
     return "\n".join(lines)
 
@@ -313,7 +410,7 @@ def plot(report, path):
     import matplotlib.pyplot as plt
 
     colours = {"fused": "tab:blue", "online": "tab:cyan", "naive": "tab:gray", "torch": "tab:red",
-               "cupy": "tab:orange"}
+               "torch_compile": "tab:purple", "cupy": "tab:orange"}
     styles = {"float32": "-", "float16": "--", "bfloat16": ":", "float64": "-."}
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
     for ax, case in zip(axes, ("fwd", "bwd")):

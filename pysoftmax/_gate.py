@@ -25,7 +25,8 @@ THRESHOLD_PERCENT = 10
 THRESHOLD = f"median:{THRESHOLD_PERCENT}%"
 # The gate judges pysoftmax's own algorithms. torch and CuPy are measured by the suite and kept
 # in the baseline as references, but a change in them (an upgrade, their own variance) is not a
-# regression of this project and must not fail its gate.
+# regression of this project and must not fail its gate. Matched as substrings of a benchmark's
+# name (is_peer, pytest -k): "torch" covers torch_compile and torch_compile_masked too.
 PEERS = ("torch", "cupy")
 GATED = " and ".join(f"not {peer}" for peer in PEERS)
 # Statistics of a pytest-benchmark entry that are counts or rates, not times.

@@ -1,7 +1,8 @@
 """The benchmark gate (pysoftmax/_gate.py) on the CPU: a deterministic clock makes every round of
 a dummy benchmark take exactly 1 ms, and synthetic baselines are that run rescaled. Against a
-baseline 20% faster the gate must fail; against one 3% faster it must pass; a baseline from
-another GPU model must be refused before anything runs."""
+baseline 20% faster the gate must fail; against one 3% faster it must pass; a benchmark the
+baseline lacks runs uncompared; a baseline from another GPU model must be refused before anything
+runs."""
 
 import json
 import os
@@ -77,6 +78,24 @@ def test_peer_regression_does_not_fail_the_gate(tmp_path, suite, capfd):
     out = capfd.readouterr()
     assert "regressed" not in out.out + out.err
     assert "test_kernel" in out.out + out.err  # the gated benchmark did run and compare
+
+
+def test_a_benchmark_new_since_the_baseline_runs_uncompared(tmp_path, suite, capfd):
+    """A benchmark id the baseline lacks (a shape or peer added since it was saved) runs and is
+    listed, but is not compared: pytest-benchmark checks only the ids both runs hold."""
+    baseline = _baseline(tmp_path, suite, 1 / 1.03)
+    with open(os.path.join(suite, "test_dummy.py"), "a") as f:
+        f.write(textwrap.dedent("""
+            def test_new_kernel(benchmark):
+                benchmark.pedantic(lambda: None, rounds=5, iterations=1)
+        """))
+    capfd.readouterr()
+    assert _compare(baseline, suite) == 0
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert "regressed" not in text
+    assert "test_new_kernel" in text and "2 passed" in text
+    assert "test_kernel (NOW)" in text and "test_new_kernel (NOW)" not in text  # (NOW): compared
 
 
 def test_other_gpu_model_is_refused(tmp_path, suite):
