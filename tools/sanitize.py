@@ -4,7 +4,8 @@
 that reach rows_warp (tiny and medium tables, vector and scalar packs), rows_block, rows_stream
 whole, split, in clusters and on a cooperative grid, rows_passes, forward and backward, masks and causal) once per tool, and fails
 unless every tool reports 0 errors. CuPy's memory pool is off in the workload, so every array is
-its own allocation and an out-of-bounds access cannot hide inside a pooled chunk.
+its own allocation and an out-of-bounds access cannot hide inside a pooled chunk. The three tools
+run concurrently.
 """
 
 import os
@@ -12,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 TOOLS = ["memcheck", "racecheck", "synccheck"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,11 +26,18 @@ def main():
         return 2
     workload = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sanitize_workload.py")
     failed = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    # The tools run at once, each its own process on the GPU: racecheck alone takes minutes, and
+    # the others finish under it. Their outputs go to files (a pipe left unread would fill).
+    runs = []
     for tool in TOOLS:
         cmd = [exe, "--tool", tool, "--error-exitcode", "17", sys.executable, workload]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-        out = proc.stdout + proc.stderr
+        log = tempfile.TemporaryFile(mode="w+")
+        runs.append((tool, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO), log))
+    for tool, proc, log in runs:
+        proc.wait()
+        log.seek(0)
+        out = log.read()
         summary = re.findall(r"ERROR SUMMARY: (\d+) error", out) or re.findall(r"RACECHECK SUMMARY: (\d+) hazard", out)
         errors = int(summary[-1]) if summary else -1
         kernels = out.count("[sanitize] ok")
