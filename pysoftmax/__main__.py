@@ -62,6 +62,12 @@ def bench(args):
         return 2
     from . import _bench
 
+    if args.devices:
+        from . import _multibench
+
+        report = _multibench.run(shapes=args.shapes, dtypes=args.dtypes, json_path=args.json)
+        print(_multibench.table(report))
+        return 0
     report = _bench.run(shapes=args.shapes, dtypes=args.dtypes, attention=not args.no_attention,
                         json_path=args.json)
     print(_bench.table(report))
@@ -167,6 +173,9 @@ def main(argv=None):
     b.add_argument("--no-attention", action="store_true", help="skip the [B,H,S,S] attention cases")
     b.add_argument("--json", help="write every measurement to this JSON file")
     b.add_argument("--plot", help="draw GB/s against row length per algorithm into this PNG (needs matplotlib)")
+    b.add_argument("--devices", action="store_true",
+                   help="the multi-device section instead: fused forward and backward on every visible GPU, each "
+                        "alone, then all at once, one thread a device (default shapes: 1 GiB in float32)")
     b.set_defaults(fn=bench)
     p = sub.add_parser("plot", help="draw a saved `bench --json` report (no GPU needed)")
     p.add_argument("report")

@@ -204,3 +204,40 @@ def test_table_x_best_is_over_the_fastest_torch_peer():
     fwd, masked = dict(zip(names, fwd.split())), dict(zip(names, masked.split()))
     assert (fwd["t.compile"], fwd["x_torch"], fwd["x_best"], fwd["x_cupy"]) == ("3300", "1.20x", "1.09x", "3.00x")
     assert (masked["composed"], masked["t.compile"], masked["x_best"]) == ("900", "-", "4.00x")
+
+
+def test_bench_devices_flag(monkeypatch):
+    """`bench --devices` asks for the multi-device section, on the shapes and dtypes given."""
+    args = _bench_args(monkeypatch, "--devices", "--shapes", "4096x8192", "--dtypes", "bfloat16")
+    assert args.devices and args.shapes == [(4096, 8192)] and args.dtypes == ["bfloat16"]
+    assert not _bench_args(monkeypatch).devices
+
+
+def test_multibench_table_lines_up_alone_and_together():
+    """The multi-device table: a line per case, each device alone (GB/s, % of its copy), each
+    device's GB/s while all run, the aggregate and its share of the sum of the ceilings."""
+    from pysoftmax import _multibench
+
+    report = {"devices": {"0": "GPU A", "1": "GPU B"}, "copy_gbs": {"0": 4000.0, "1": 4200.0}, "results": [
+        dict(mode="alone", direction="fwd", shape=[16384, 16384], dtype="float32", device=0, ms=1.0, gbs=3800.0,
+             pct_copy=95.0),
+        dict(mode="alone", direction="fwd", shape=[16384, 16384], dtype="float32", device=1, ms=1.0, gbs=3990.0,
+             pct_copy=95.0),
+        dict(mode="together", direction="fwd", shape=[16384, 16384], dtype="float32", calls=100, wall_s=0.1,
+             gbs_each={"0": 3700.0, "1": 3900.0}, gbs_total=7544.0, pct_of_ceilings=92.0),
+    ]}
+    lines = _multibench.table(report).splitlines()
+    assert lines[0] == "devices: 0: GPU A (copy 4000 GB/s), 1: GPU B (copy 4200 GB/s)"
+    assert len(lines) == 3 and "alone 0" in lines[1] and "together 1" in lines[1]
+    row = lines[2].split()
+    assert row[:3] == ["fwd", "16384x16384", "float32"]
+    assert row[3:7] == ["3800", "95.0%", "3990", "95.0%"] and row[7:9] == ["3700", "3900"]
+    assert row[9:] == ["7544", "92.0%"]
+
+
+def test_multibench_defaults_are_large_shapes():
+    """The default shapes are 1 GiB in float32: a call is long beside its host cost, so that one
+    thread (sharing the interpreter lock) keeps each device busy."""
+    from pysoftmax import _multibench
+
+    assert all(math.prod(s) * 4 == 1 << 30 for s in _multibench.DEFAULT_SHAPES)
