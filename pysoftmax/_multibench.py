@@ -9,7 +9,8 @@
   the others at a barrier, then queues the same calls back to back for about `seconds` (input sets
   rotating through more than 3x its L2) between two events of its stream. Each device's GB/s
   comes from its own events; the aggregate is every device's bytes over the wall time from the
-  barrier to the last device done, against the sum of the devices' copy ceilings.
+  first thread past the barrier to the last device done, against the sum of the devices' copy
+  ceilings.
 
 Bytes are the bench's (forward: x + y, backward: y + dy + dx). The shapes are large (1 GiB in
 float32 by default), so that a call is long beside its host cost and the threads, which share
@@ -61,8 +62,8 @@ def _case(cp, direction, shape, dtype):
 def _together(cp, calls_by_device, count):
     """Runs `count` calls on every device at once, a thread each. (per-device ms, wall seconds)."""
     devices = sorted(calls_by_device)
-    barrier = threading.Barrier(len(devices) + 1)
-    ms, errors = {}, []
+    barrier = threading.Barrier(len(devices))
+    ms, spans, errors = {}, {}, []
 
     def worker(d):
         try:
@@ -72,29 +73,31 @@ def _together(cp, calls_by_device, count):
                 cp.cuda.Device(d).synchronize()
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 barrier.wait()
+                t0 = time.perf_counter()
                 start.record()
                 for _ in range(count):
                     call()
                 end.record()
                 end.synchronize()
+                spans[d] = (t0, time.perf_counter())
                 ms[d] = cp.cuda.get_elapsed_time(start, end)
         except Exception as e:  # reported by the caller; the barrier is broken so nobody waits forever
             errors.append(e)
             barrier.abort()
 
-    threads = [threading.Thread(target=worker, args=(d,)) for d in devices]
-    for t in threads:
-        t.start()
+    # Daemon threads: an interrupted run does not leave workers waiting at the barrier for ever.
+    threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices]
     try:
-        barrier.wait()
-    except threading.BrokenBarrierError:
-        pass
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except BaseException:
+        barrier.abort()
+        raise
     if errors:
         raise errors[0]
+    wall = max(end for _, end in spans.values()) - min(start for start, _ in spans.values())
     return ms, wall
 
 

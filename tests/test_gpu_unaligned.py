@@ -60,7 +60,7 @@ def assert_untouched(buf, offset, cols, what):
 COLS = [1, 3, 9, 33, 64, 100, 257, 1000, 1001, 4099, 20000, 40001]
 # (x offset, out offset) in elements into the pack: both off by different amounts, the input
 # only ("last": the pack's last element), the output only.
-OFFSETS = [(1, 3), ("last", 0), (0, 1)]
+OFFSETS = [(1, 2), ("last", 0), (0, 1)]
 
 
 def offsets(dtype):
@@ -78,6 +78,7 @@ def test_unaligned_forward(dtype, cols):
     for xs, os in offsets(dtype):
         x64, x = offset_input(g, rows, cols, dtype, xs)
         buf, out = offset_output(rows, cols, dtype, os)
+        assert (x.data.ptr | out.data.ptr | x.strides[0] | out.strides[0]) % 16, "meant to be unaligned"
         plan = _ops.plan((rows, cols), dtype, aligned=False)
         assert plan["pack"] == 1 and plan["stage"] == 0, plan
         y = pysoftmax.fused(x, out=out)
