@@ -61,6 +61,11 @@ SHAPE_SETS = {"perf": PERF_SHAPES, "sweep": SWEEP_SHAPES, "long": LONG_SHAPES, "
 SHAPE_SETS["all"] = list(dict.fromkeys(PERF_SHAPES + SWEEP_SHAPES + LONG_SHAPES))
 
 
+def itemsize(dtype):
+    """Bytes of one element of `dtype` (a name: float32, float16, bfloat16, float64)."""
+    return 4 if dtype == "float32" else 8 if dtype == "float64" else 2
+
+
 def gpu_clock():
     """Host clock read once the device is idle: the pytest-benchmark timer of benchmarks/."""
     import cupy
@@ -260,7 +265,7 @@ def measure(kind, shape, dtype, timer, torch=None, algos=("fused", "online", "na
     import pysoftmax
 
     results = []
-    nbytes_elem = numpy.dtype("float32").itemsize if dtype == "float32" else (8 if dtype == "float64" else 2)
+    nbytes_elem = itemsize(dtype)
     size = math.prod(shape)
     tdt = None
     if torch is not None:

@@ -30,15 +30,11 @@ DEFAULT_DTYPES = ["float32", "bfloat16"]
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _itemsize(dtype):
-    return 4 if dtype == "float32" else 8 if dtype == "float64" else 2
-
-
 def _case(cp, direction, shape, dtype):
     """A callable running one call on the next input set of the current device, and its sets."""
     import pysoftmax
 
-    nbytes = math.prod(shape) * _itemsize(dtype)
+    nbytes = math.prod(shape) * _bench.itemsize(dtype)
     l2 = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["l2CacheSize"]
     count = max(1, math.ceil(3 * l2 / nbytes))
     if direction == "fwd":
@@ -121,7 +117,7 @@ def run(shapes=None, dtypes=None, seconds=1.0, json_path=None, progress=True):
                 if progress:
                     sys.stderr.write(f"\r{direction} {shape} {dtype} on {len(devices)} devices   ")
                     sys.stderr.flush()
-                nbytes = (2 if direction == "fwd" else 3) * math.prod(shape) * _itemsize(dtype)
+                nbytes = (2 if direction == "fwd" else 3) * math.prod(shape) * _bench.itemsize(dtype)
                 calls, alone = {}, {}
                 for d in devices:
                     with cp.cuda.Device(d):
