@@ -38,6 +38,16 @@ template <typename Op, int kPack> constexpr int warp_rows(int packs, int group) 
 template <typename Op> constexpr int warp_rows_for_pack(int pack, int packs, int group) {
   return pack > 1 ? warp_rows<Op, vec_pack<typename Op::Storage>()>(packs, group) : warp_rows<Op, 1>(packs, group);
 }
+// rows_warp's one count of packs a lane that is not a power of two, for the tiny table's rows:
+// rows of 3 x 2^k packs (48, 96, 192, 384 16-bit columns; 24, 48, 96, 192 float32 ones) leave a
+// quarter of the lanes' packs idle under its two, and with them the bytes a warp has in flight;
+// three fill them, and rows of 5 x 2^k packs to 83% instead of 62% (docs/TUNING.md,
+// "kThreePacks"). Vector rows of float32 and 16-bit only (float64's tiny groups hold two rows,
+// which three packs would cut to one).
+constexpr int kThreePacks = 3;
+template <typename Op, int kPack> constexpr bool three_packs() {
+  return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= kThreePacks;
+}
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
 // walking block at least two steps: narrower groups, and blocks of one step, where no staged copy
@@ -361,6 +371,17 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
       p.group = kMaxGroup;
     }
+    // Three packs a lane where they leave fewer idle than the tiny table's two (not the wide lanes,
+    // nor the medium table, whose four hold as many of the row a lane), if its two hold one row a
+    // group: rows are not traded for full lanes.
+    if (pack > 1 && three_packs<Op, vec_pack<T>()>() && p.packs == tiny) {
+      const int g3 = next_pow2(ceil_div(packs, kThreePacks));
+      if (g3 <= kMaxGroup && int64_t{g3} * kThreePacks < int64_t{p.group} * p.packs &&
+          warp_rows_for_pack<Op>(pack, p.packs, p.group) == 1) {
+        p.packs = kThreePacks;
+        p.group = g3;
+      }
+    }
     p.rows_per_group = warp_rows_for_pack<Op>(pack, p.packs, p.group);
     p.blocks = register_grid<Op>(warp_row_sets(p, rows), p.family, p.threads, dev);
   } else if ((auto_family || family == SOFTMAX_FAMILY_BLOCK) && packs <= int64_t{kBlockMax} * max_packs) {
@@ -515,9 +536,10 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
 }
 
 // The narrowest group rows_warp is compiled for at `packs` packs of kPack a lane: any width for
-// the tiny table, kWideMinGroup for an op's wide short rows, else (the medium table) full groups.
+// the tiny table and kThreePacks, kWideMinGroup for an op's wide short rows, else (the medium
+// table) full groups.
 template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
-  if (packs <= tiny_packs(kPack)) return 1;
+  if (packs <= tiny_packs(kPack) || packs == kThreePacks) return 1;
   return wide_lanes<Op>(kPack) && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
 }
 
@@ -552,6 +574,9 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
   constexpr int kMaxPacks = (kPack > 1 ? max_items<T>() : max_scalar_items<T>()) / kPack;
   switch (p.family) {
     case SOFTMAX_FAMILY_WARP:
+      if constexpr (three_packs<Op, kPack>()) {
+        if (p.packs == kThreePacks) return launch_warp_group<Op, kPack, kThreePacks>(op, rows, p, s);
+      }
       return by_packs<Op, kPack, tiny_packs(kPack), kMaxPacks>(p.packs, [&](auto k) {
         return launch_warp_group<Op, kPack, decltype(k)::value>(op, rows, p, s);
       });
