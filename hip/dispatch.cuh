@@ -38,16 +38,21 @@ template <typename Op, int kPack> constexpr int warp_rows(int packs, int group) 
 template <typename Op> constexpr int warp_rows_for_pack(int pack, int packs, int group) {
   return pack > 1 ? warp_rows<Op, vec_pack<typename Op::Storage>()>(packs, group) : warp_rows<Op, 1>(packs, group);
 }
-// rows_warp's one count of packs a lane that is not a power of two, for the tiny table's rows:
-// rows of 3 x 2^k packs (48, 96, 192, 384 16-bit columns; 24, 48, 96, 192 float32 ones) leave a
-// quarter of the lanes' packs idle under its two, and with them the bytes a warp has in flight;
-// three fill them, and rows of 5 x 2^k packs to 83% instead of 62% (docs/TUNING.md,
-// "kThreePacks"). Vector rows of float32 and 16-bit only (float64's tiny groups hold two rows,
-// which three packs would cut to one).
-constexpr int kThreePacks = 3;
-template <typename Op, int kPack> constexpr bool three_packs() {
-  return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= kThreePacks;
+// rows_warp's counts of packs a lane that are not powers of two, for rows that two, four or eight
+// a lane leave part idle: a rows_warp row costs its lanes' slots, full or idle (docs/TUNING.md,
+// "kOddPacks"). Three fill rows of 3 x 2^k packs (48, 96, 192, 384, 768 16-bit columns; 24, 48,
+// 96, 192, 384 float32 ones) and five those of 5 x 2^k (40, 80, 160, 320, 640 float32 columns;
+// 16-bit rows take three there, 83% full, since five of their packs are 40 values, past
+// kRowRegisters). Vector rows of float32 and 16-bit only (float64's tiny groups hold two rows).
+constexpr int kOddPacks[] = {3, 5};
+constexpr int kOddCounts = static_cast<int>(sizeof(kOddPacks) / sizeof(kOddPacks[0]));
+template <typename Op, int kPack> constexpr bool odd_packs(int packs) {
+  return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= packs;
 }
+// DeviceInfo::odd_packs_allowed: which of kOddPacks the planner may take (bit i: kOddPacks[i]), and
+// whether it takes them where the power-of-two plan holds two rows a group (kOddPacksOverTwoRows).
+constexpr int kOddPacksOverTwoRows = 1 << 8;
+constexpr int kOddPacksAll = 0x3 | kOddPacksOverTwoRows;
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
 // walking block at least two steps: narrower groups, and blocks of one step, where no staged copy
@@ -100,6 +105,7 @@ struct DeviceInfo {
   bool cooperative = false; // cooperative launches (rows_stream kShareGrid)
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
+  int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -139,6 +145,17 @@ inline int device_info(DeviceInfo* out) {
     const int want = forced && forced[0] >= '0' && forced[0] <= '2' && !forced[1] ? forced[0] - '0' : -1;
     info.cooperative = coop != 0 && want != 0;
     info.grid_blocks = want > 0 ? want : 0;
+    // PYSOFTMAX_ODD_PACKS, read once a device: the odd pack counts rows_warp may take, as digits
+    // of kOddPacks ("35"), "r" to take them over two-row plans too, "0" none (tuning;
+    // docs/TUNING.md, "kOddPacks").
+    if (const char* odd = getenv("PYSOFTMAX_ODD_PACKS")) {
+      info.odd_packs_allowed = 0;
+      for (const char* c = odd; *c; ++c) {
+        if (*c == 'r') info.odd_packs_allowed |= kOddPacksOverTwoRows;
+        for (int i = 0; i < kOddCounts; ++i)
+          if (*c == '0' + kOddPacks[i]) info.odd_packs_allowed |= 1 << i;
+      }
+    }
   }
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -358,6 +375,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   if ((auto_family || family == SOFTMAX_FAMILY_WARP) && packs <= static_cast<int64_t>(kMaxGroup) * max_packs) {
     p.family = SOFTMAX_FAMILY_WARP;
     p.threads = kWarpFamilyThreads;
+    bool wide_taken = false;
     if (packs <= static_cast<int64_t>(kMaxGroup) * tiny) {
       p.packs = tiny;
       p.group = next_pow2(ceil_div(packs, tiny));
@@ -366,20 +384,29 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       if (wide_lanes<Op>(pack) && wide >= kWideMinGroup && sets >= 2 * walking_grid(sets, dev)) {
         p.packs = kStagedPacks;
         p.group = wide;
+        wide_taken = true;
       }
     } else {
       p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
       p.group = kMaxGroup;
     }
-    // Three packs a lane where they leave fewer idle than the tiny table's two (not the wide lanes,
-    // nor the medium table, whose four hold as many of the row a lane), if its two hold one row a
-    // group: rows are not traded for full lanes.
-    if (pack > 1 && three_packs<Op, vec_pack<T>()>() && p.packs == tiny) {
-      const int g3 = next_pow2(ceil_div(packs, kThreePacks));
-      if (g3 <= kMaxGroup && int64_t{g3} * kThreePacks < int64_t{p.group} * p.packs &&
-          warp_rows_for_pack<Op>(pack, p.packs, p.group) == 1) {
-        p.packs = kThreePacks;
-        p.group = g3;
+    // An odd count of packs a lane where it leaves fewer of the row's slots idle (the fewest
+    // slots), over plans of one row a group or two (dev.odd_packs_allowed). Not on the wide
+    // lanes, whose staged copies want their four, nor where an op that reads ahead (Op::kWalk)
+    // would read them ahead unstaged: the row a step ahead takes as many registers again
+    // (docs/TUNING.md, "kOddPacks").
+    if (pack > 1 && !wide_taken &&
+        ((dev.odd_packs_allowed & kOddPacksOverTwoRows) || warp_rows_for_pack<Op>(pack, p.packs, p.group) == 1)) {
+      int64_t slots = int64_t{p.group} * p.packs;
+      for (int i = 0; i < kOddCounts; ++i) {
+        const int k = kOddPacks[i];
+        const int64_t g = next_pow2(ceil_div(packs, k));
+        if ((dev.odd_packs_allowed >> i & 1) && odd_packs<Op, vec_pack<T>()>(k) && g <= kMaxGroup && g * k < slots &&
+            !(Op::kWalk && !(kAsyncCopy && warp_stages<Op>(k, static_cast<int>(g))))) {
+          p.packs = k;
+          p.group = static_cast<int>(g);
+          slots = g * k;
+        }
       }
     }
     p.rows_per_group = warp_rows_for_pack<Op>(pack, p.packs, p.group);
@@ -536,10 +563,12 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
 }
 
 // The narrowest group rows_warp is compiled for at `packs` packs of kPack a lane: any width for
-// the tiny table and kThreePacks, kWideMinGroup for an op's wide short rows, else (the medium
+// the tiny table and kOddPacks, kWideMinGroup for an op's wide short rows, else (the medium
 // table) full groups.
 template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
-  if (packs <= tiny_packs(kPack) || packs == kThreePacks) return 1;
+  for (int k : kOddPacks)
+    if (packs == k) return 1;
+  if (packs <= tiny_packs(kPack)) return 1;
   return wide_lanes<Op>(kPack) && packs == kStagedPacks ? kWideMinGroup : kMaxGroup;
 }
 
@@ -574,9 +603,10 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
   constexpr int kMaxPacks = (kPack > 1 ? max_items<T>() : max_scalar_items<T>()) / kPack;
   switch (p.family) {
     case SOFTMAX_FAMILY_WARP:
-      if constexpr (three_packs<Op, kPack>()) {
-        if (p.packs == kThreePacks) return launch_warp_group<Op, kPack, kThreePacks>(op, rows, p, s);
-      }
+      if constexpr (odd_packs<Op, kPack>(kOddPacks[0]))
+        if (p.packs == kOddPacks[0]) return launch_warp_group<Op, kPack, kOddPacks[0]>(op, rows, p, s);
+      if constexpr (odd_packs<Op, kPack>(kOddPacks[1]))
+        if (p.packs == kOddPacks[1]) return launch_warp_group<Op, kPack, kOddPacks[1]>(op, rows, p, s);
       return by_packs<Op, kPack, tiny_packs(kPack), kMaxPacks>(p.packs, [&](auto k) {
         return launch_warp_group<Op, kPack, decltype(k)::value>(op, rows, p, s);
       });

@@ -61,6 +61,9 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
             case SOFTMAX_FAMILY_WARP: {
               if (int64_t{p.group} * p.packs * pack < cols) report(op, "rows_warp does not cover the row", family, pack, threads, cols, p);
               if (p.packs > max_packs || p.group > kMaxGroup) report(op, "rows_warp over its register budget", family, pack, threads, cols, p);
+              bool compiled = p.packs >= tiny_packs(pack) && !(p.packs & (p.packs - 1));
+              for (int k : kOddPacks) compiled |= pack > 1 && p.packs == k && odd_packs<Op, vec_pack<T>()>(k);
+              if (!compiled) report(op, "rows_warp packs a lane outside its compiled counts", family, pack, threads, cols, p);
               const int narrowest = pack > 1 ? narrowest_group<Op, vec_pack<T>()>(p.packs) : narrowest_group<Op, 1>(p.packs);
               if (p.group < narrowest || (p.group & (p.group - 1)))
                 report(op, "rows_warp outside its compiled group widths", family, pack, threads, cols, p);

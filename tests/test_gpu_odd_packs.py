@@ -1,0 +1,130 @@
+"""rows_warp's odd pack counts (hip/dispatch.cuh, kOddPacks) on the GPU against float64.
+
+Rows of 3 or 5 x 2^k 16-byte packs take three or five packs a lane in a group of 2^k lanes, where
+two or four a lane would leave part of the lanes idle. The widths below sit on both sides of that
+choice (powers of two and widths it does not help among them), in every dtype (float64 never takes
+it), plain, masked under a causal limit, and backward, with outputs poisoned first; row counts
+leave the last group and block part full.
+"""
+
+import os
+
+import numpy
+import pytest
+
+from _util import DTYPES, assert_close, assert_grad_close, poisoned, ref_softmax, rng, rounded, to_device, to_host64
+
+pytestmark = pytest.mark.gpu
+
+try:
+    import cupy
+    import pysoftmax
+    from pysoftmax import _ops
+except ImportError:  # pragma: no cover
+    pass
+
+WIDTHS = [12, 24, 40, 48, 80, 96, 128, 160, 192, 200, 256, 320, 384, 640, 768, 1024, 1280]
+ROWS = [7, 333, 4099]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", WIDTHS)
+def test_forward(cols, dtype):
+    g = rng()
+    for rows in ROWS:
+        x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
+        out = poisoned((rows, cols), dtype)
+        y = pysoftmax.fused(to_device(x64, dtype), out=out)
+        assert y is out
+        assert_close(to_host64(y), ref_softmax(x64), dtype, f"{rows}x{cols} seed={g.seed}")
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float32"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", WIDTHS)
+def test_masked_causal(cols, dtype, mask_kind):
+    """[2, Q, cols] under a causal limit with a padding mask broadcast over the queries; Q past
+    cols, so that the last queries keep the whole row."""
+    g = rng()
+    q = min(cols + 5, 700)
+    x64 = rounded(g.standard_normal((2, q, cols)) * 3, dtype)
+    if mask_kind == "bool":
+        m64 = g.random((2, 1, cols)) > 0.2
+        mask = cupy.asarray(m64)
+    else:
+        m64 = rounded(g.standard_normal((2, 1, cols)), "float32")
+        mask = to_device(m64, "float32")
+    y = pysoftmax.fused(to_device(x64, dtype), scale=0.7, mask=mask, causal=True, out=poisoned(x64.shape, dtype))
+    assert_close(to_host64(y), ref_softmax(x64, 0.7, m64, causal=True), dtype, f"{q}x{cols} {mask_kind} seed={g.seed}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", WIDTHS)
+def test_backward(cols, dtype):
+    g = rng()
+    for rows in ROWS:
+        y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
+        dy64 = rounded(g.standard_normal((rows, cols)), dtype)
+        out = poisoned((rows, cols), dtype)
+        dx = pysoftmax.backward(to_device(y64, dtype), to_device(dy64, dtype), scale=0.5, out=out)
+        assert dx is out
+        assert_grad_close(to_host64(dx), y64, dy64, 0.5, dtype, f"{rows}x{cols} seed={g.seed}")
+
+
+# (dtype, cols): (packs, group) of the plain forward and the backward, 4096 rows.
+PLANS = {
+    ("bfloat16", 24): (3, 1), ("bfloat16", 40): (3, 2), ("bfloat16", 48): (3, 2), ("bfloat16", 80): (3, 4),
+    ("bfloat16", 96): (3, 4), ("bfloat16", 128): (2, 8), ("bfloat16", 160): (3, 8), ("bfloat16", 192): (3, 8),
+    ("bfloat16", 200): (2, 16), ("bfloat16", 256): (2, 16), ("bfloat16", 320): (3, 16), ("bfloat16", 384): (3, 16),
+    ("bfloat16", 640): (3, 32), ("bfloat16", 768): (3, 32), ("bfloat16", 1024): (4, 32),
+    ("float16", 96): (3, 4), ("float16", 320): (3, 16),
+    ("float32", 12): (3, 1), ("float32", 24): (3, 2), ("float32", 40): (5, 2), ("float32", 48): (3, 4),
+    ("float32", 80): (5, 4), ("float32", 96): (3, 8), ("float32", 128): (2, 16), ("float32", 160): (5, 8),
+    ("float32", 192): (3, 16), ("float32", 200): (2, 32), ("float32", 256): (2, 32), ("float32", 320): (5, 16),
+    ("float32", 384): (3, 32), ("float32", 640): (5, 32), ("float32", 768): (8, 32), ("float32", 1024): (8, 32),
+    ("float64", 24): (2, 8), ("float64", 48): (2, 16), ("float64", 160): (4, 32),
+}
+
+
+def exact_plans_or_skip():
+    if os.environ.get("PYSOFTMAX_ODD_PACKS") is not None:
+        pytest.skip("PYSOFTMAX_ODD_PACKS is set: the plans are the knob's, not the defaults")
+    if cupy.cuda.runtime.is_hip:
+        pytest.skip("the expected plans are NVIDIA's (AMD does not stage, so its read-ahead rows keep their packs)")
+
+
+def test_plans():
+    """The odd counts are taken where they leave fewer slots idle, forward and backward, and
+    never by float64, element-wise rows, the masked 16-bit rows that read ahead unstaged, or the
+    wide lanes."""
+    exact_plans_or_skip()
+    for (dt, cols), want in PLANS.items():
+        for direction in ("forward", "backward"):
+            p = _ops.plan((4096, cols), dt, direction=direction)
+            assert p["family"] == "warp" and (p["packs"], p["group"]) == want, (dt, cols, direction, p)
+            if p["packs"] in (3, 5):
+                assert p["rows_per_group"] == 1, p
+    assert _ops.plan((4096, 96), "bfloat16", aligned=False)["packs"] in (4, 8)  # element-wise: the scalar table
+    masked = lambda cols, dt="bfloat16", rows=4096: _ops.plan((rows, cols), dt, mask=True, causal_queries=cols)
+    assert (masked(48)["packs"], masked(48)["group"]) == (2, 4)  # three would be read ahead unstaged
+    assert (masked(96)["packs"], masked(96)["group"]) == (3, 4) and masked(96)["stage"] > 0  # staged
+    assert (masked(40, "float32")["packs"], masked(40, "float32")["rows_per_group"]) == (5, 1)  # over two rows
+    wide = masked(96, rows=1 << 22)
+    assert (wide["packs"], wide["group"]) == (4, 4), wide  # the wide lanes keep their four
+
+
+def test_knob_turns_them_off():
+    """PYSOFTMAX_ODD_PACKS=0 plans the powers of two; "3" allows three but not five, and not
+    over two-row plans."""
+    exact_plans_or_skip()
+    import subprocess
+    import sys
+
+    code = ("from pysoftmax import _ops; p = lambda c, d: _ops.plan((4096, c), d, direction='backward'); "
+            "print(*[(p(c, d)['packs'], p(c, d)['group']) for c, d in ((48, 'bfloat16'), (40, 'float32'), (80, 'float32'))])")
+    want = {"0": "(2, 4) (2, 8) (2, 16)", "3": "(3, 2) (2, 8) (2, 16)", "35r": "(3, 2) (5, 2) (5, 4)"}
+    for knob, plans in want.items():
+        env = dict(os.environ, PYSOFTMAX_ODD_PACKS=knob)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[0] == plans, (knob, out.stdout)
