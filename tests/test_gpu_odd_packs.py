@@ -105,11 +105,12 @@ def test_plans():
             if p["packs"] in (3, 5):
                 assert p["rows_per_group"] == 1, p
     assert _ops.plan((4096, 96), "bfloat16", aligned=False)["packs"] in (4, 8)  # element-wise: the scalar table
-    masked = lambda cols, dt="bfloat16", rows=4096: _ops.plan((rows, cols), dt, mask=True, causal_queries=cols)
+    # Heads of `cols` queries (the causal limit's queries divide the rows): 4800 rows, or many.
+    masked = lambda cols, dt="bfloat16", rows=4800: _ops.plan((rows, cols), dt, mask=True, causal_queries=cols)
     assert (masked(48)["packs"], masked(48)["group"]) == (2, 4)  # three would be read ahead unstaged
     assert (masked(96)["packs"], masked(96)["group"]) == (3, 4) and masked(96)["stage"] > 0  # staged
     assert (masked(40, "float32")["packs"], masked(40, "float32")["rows_per_group"]) == (5, 1)  # over two rows
-    wide = masked(96, rows=1 << 22)
+    wide = masked(96, rows=96 * 43690)
     assert (wide["packs"], wide["group"]) == (4, 4), wide  # the wide lanes keep their four
 
 
