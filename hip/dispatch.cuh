@@ -391,17 +391,18 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.group = kMaxGroup;
     }
     // An odd count of packs a lane where it leaves fewer of the row's slots idle (the fewest
-    // slots), over plans of one row a group or two (dev.odd_packs_allowed). Not on the wide
-    // lanes, whose staged copies want their four, nor where an op that reads ahead (Op::kWalk)
-    // would read them ahead unstaged: the row a step ahead takes as many registers again
-    // (docs/TUNING.md, "kOddPacks").
+    // slots), over plans of one row a group or two (dev.odd_packs_allowed), and in a full group
+    // where the op asks for it (Op::kOddFullGroups). Not on the wide lanes, whose staged copies
+    // want their four, nor where an op that reads ahead (Op::kWalk) would read them ahead
+    // unstaged: the row a step ahead takes as many registers again (docs/TUNING.md, "kOddPacks").
     if (pack > 1 && !wide_taken &&
         ((dev.odd_packs_allowed & kOddPacksOverTwoRows) || warp_rows_for_pack<Op>(pack, p.packs, p.group) == 1)) {
       int64_t slots = int64_t{p.group} * p.packs;
       for (int i = 0; i < kOddCounts; ++i) {
         const int k = kOddPacks[i];
         const int64_t g = next_pow2(ceil_div(packs, k));
-        if ((dev.odd_packs_allowed >> i & 1) && odd_packs<Op, vec_pack<T>()>(k) && g <= kMaxGroup && g * k < slots &&
+        if ((dev.odd_packs_allowed >> i & 1) && odd_packs<Op, vec_pack<T>()>(k) && g * k < slots &&
+            g <= kMaxGroup && (g < kMaxGroup || Op::kOddFullGroups) &&
             !(Op::kWalk && !(kAsyncCopy && warp_stages<Op>(k, static_cast<int>(g))))) {
           p.packs = k;
           p.group = static_cast<int>(g);

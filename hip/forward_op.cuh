@@ -41,6 +41,7 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kBlockBoundThreads = kPolicy.block_bound_threads;
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
   static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
+  static constexpr bool kOddFullGroups = kPolicy.odd_full_groups;
 
   const T* x;
   T* y;

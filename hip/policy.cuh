@@ -43,6 +43,9 @@ struct Policy {
   // A block for every set of rows (true), or a grid of at most kMaxBlocksPerSm blocks an SM
   // walking the rows (dispatch.cuh): rows_warp, rows_block.
   bool full_grid_warp, full_grid_block;
+  // rows_warp takes an odd count of packs a lane (dispatch.cuh, kOddPacks) in a full group too,
+  // where it only cuts the idle slots, not the group's lanes.
+  bool odd_full_groups;
 };
 
 constexpr int kNoBackwardMask = -1;
@@ -51,22 +54,22 @@ constexpr int kStageWarpMasked = kTinyPacksVec + 1;  // masked rows_warp stages 
 
 // clang-format off
 constexpr Policy kPolicies[] = {
-//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block
-  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true},
-  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true},
-  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true},
-  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false},
-  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false},
-  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false},
-  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true},
-  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true},
-  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true},
-  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
-  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true},
-  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false},
+//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full
+  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true},
+  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false},
+  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true},
+  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true},
+  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true},
+  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true},
+  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true},
+  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true},
+  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true},
+  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true},
+  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true},
+  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true},
+  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true},
+  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true},
+  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true},
 };
 // clang-format on
 
