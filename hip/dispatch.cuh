@@ -40,19 +40,21 @@ template <typename Op> constexpr int warp_rows_for_pack(int pack, int packs, int
 }
 // rows_warp's counts of packs a lane that are not powers of two, for rows that two, four or eight
 // a lane leave part idle: a rows_warp row costs its lanes' slots, full or idle (docs/TUNING.md,
-// "kOddPacks"). Three fill rows of 3 x 2^k packs (48, 96, 192, 384, 768 16-bit columns; 24, 48,
-// 96, 192, 384 float32 ones) and five those of 5 x 2^k (40, 80, 160, 320, 640 float32 columns;
-// 16-bit rows take three there, 83% full, since five of their packs are 40 values, past
-// kRowRegisters). Vector rows of float32 and 16-bit only (float64's tiny groups hold two rows).
+// "kOddPacks"). Three fill rows of 3 x 2^k packs (24, 48, 96, 192, 384, 768 16-bit columns; 12,
+// 24, 48, 96, 192, 384 float32 ones) and five those of 5 x 2^k (20, 40, 80, 160, 320, 640 float32
+// columns; 16-bit rows take three there, 83% full, since five of their packs are 40 values, past
+// kRowRegisters). Vector rows of float32 and 16-bit only: float64 was not measured on them.
+// launch_with_pack launches each count; a new one needs its case there.
 constexpr int kOddPacks[] = {3, 5};
 constexpr int kOddCounts = static_cast<int>(sizeof(kOddPacks) / sizeof(kOddPacks[0]));
+static_assert(kOddCounts == 2, "launch_with_pack launches kOddPacks[0] and kOddPacks[1] only");
 template <typename Op, int kPack> constexpr bool odd_packs(int packs) {
   return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= packs;
 }
 // DeviceInfo::odd_packs_allowed: which of kOddPacks the planner may take (bit i: kOddPacks[i]), and
 // whether it takes them where the power-of-two plan holds two rows a group (kOddPacksOverTwoRows).
 constexpr int kOddPacksOverTwoRows = 1 << 8;
-constexpr int kOddPacksAll = 0x3 | kOddPacksOverTwoRows;
+constexpr int kOddPacksAll = ((1 << kOddCounts) - 1) | kOddPacksOverTwoRows;
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
 // walking block at least two steps: narrower groups, and blocks of one step, where no staged copy
@@ -145,16 +147,16 @@ inline int device_info(DeviceInfo* out) {
     const int want = forced && forced[0] >= '0' && forced[0] <= '2' && !forced[1] ? forced[0] - '0' : -1;
     info.cooperative = coop != 0 && want != 0;
     info.grid_blocks = want > 0 ? want : 0;
-    // PYSOFTMAX_ODD_PACKS, read once a device: the odd pack counts rows_warp may take, as digits
-    // of kOddPacks ("35"), "r" to take them over two-row plans too, "0" none (tuning;
-    // docs/TUNING.md, "kOddPacks").
-    if (const char* odd = getenv("PYSOFTMAX_ODD_PACKS")) {
-      info.odd_packs_allowed = 0;
-      for (const char* c = odd; *c; ++c) {
-        if (*c == 'r') info.odd_packs_allowed |= kOddPacksOverTwoRows;
-        for (int i = 0; i < kOddCounts; ++i)
-          if (*c == '0' + kOddPacks[i]) info.odd_packs_allowed |= 1 << i;
-      }
+  }
+  // PYSOFTMAX_ODD_PACKS, read once a device: the odd pack counts rows_warp may take, as digits of
+  // kOddPacks ("35"), "r" to take them over two-row plans too, "0" none (tuning; docs/TUNING.md,
+  // "kOddPacks").
+  if (const char* odd = getenv("PYSOFTMAX_ODD_PACKS")) {
+    info.odd_packs_allowed = 0;
+    for (const char* c = odd; *c; ++c) {
+      if (*c == 'r') info.odd_packs_allowed |= kOddPacksOverTwoRows;
+      for (int i = 0; i < kOddCounts; ++i)
+        if (*c == '0' + kOddPacks[i]) info.odd_packs_allowed |= 1 << i;
     }
   }
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));

@@ -1,10 +1,11 @@
 """rows_warp's odd pack counts (hip/dispatch.cuh, kOddPacks) on the GPU against float64.
 
-Rows of 3 or 5 x 2^k 16-byte packs take three or five packs a lane in a group of 2^k lanes, where
-two or four a lane would leave part of the lanes idle. The widths below sit on both sides of that
+Where two, four or eight 16-byte packs a lane would leave part of a group's lanes idle, rows_warp
+gives a lane three or five (float32 rows of 5 x 2^k packs take five, 16-bit ones three; the plain
+float32 forward keeps its powers of two in full groups). The widths below sit on both sides of that
 choice (powers of two and widths it does not help among them), in every dtype (float64 never takes
-it), plain, masked under a causal limit, and backward, with outputs poisoned first; row counts
-leave the last group and block part full.
+it), plain, masked with and without a causal limit, walking many rows in one block, and backward,
+with outputs poisoned first; row counts leave the last group and block part full.
 """
 
 import os
@@ -39,23 +40,30 @@ def test_forward(cols, dtype):
         assert_close(to_host64(y), ref_softmax(x64), dtype, f"{rows}x{cols} seed={g.seed}")
 
 
-@pytest.mark.parametrize("mask_kind", ["bool", "float32"])
+@pytest.mark.parametrize("mask_kind", ["bool, causal", "float32, causal", "bool"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", WIDTHS)
-def test_masked_causal(cols, dtype, mask_kind):
-    """[2, Q, cols] under a causal limit with a padding mask broadcast over the queries; Q past
-    cols, so that the last queries keep the whole row."""
+def test_masked(cols, dtype, mask_kind):
+    """[2, Q, cols] with a padding mask broadcast over the queries, under a causal limit or not
+    (a boolean mask alone has kernels of its own), Q = cols + 5 up to 700 queries, so that the
+    last queries of the shorter rows keep the whole row; then the same rows walked by one block
+    (rows_warp carries a row's query and mask offset from step to step)."""
     g = rng()
     q = min(cols + 5, 700)
+    causal = mask_kind.endswith("causal")
     x64 = rounded(g.standard_normal((2, q, cols)) * 3, dtype)
-    if mask_kind == "bool":
+    if mask_kind.startswith("bool"):
         m64 = g.random((2, 1, cols)) > 0.2
         mask = cupy.asarray(m64)
     else:
         m64 = rounded(g.standard_normal((2, 1, cols)), "float32")
         mask = to_device(m64, "float32")
-    y = pysoftmax.fused(to_device(x64, dtype), scale=0.7, mask=mask, causal=True, out=poisoned(x64.shape, dtype))
-    assert_close(to_host64(y), ref_softmax(x64, 0.7, m64, causal=True), dtype, f"{q}x{cols} {mask_kind} seed={g.seed}")
+    ref = ref_softmax(x64, 0.7, m64, causal=causal)
+    x = to_device(x64, dtype)
+    y = pysoftmax.fused(x, scale=0.7, mask=mask, causal=causal, out=poisoned(x64.shape, dtype))
+    assert_close(to_host64(y), ref, dtype, f"{q}x{cols} {mask_kind} seed={g.seed}")
+    y = _ops.forward(x, scale=0.7, mask=mask, causal=causal, blocks=1, out=poisoned(x64.shape, dtype))
+    assert_close(to_host64(y), ref, dtype, f"{q}x{cols} {mask_kind}, one block, seed={g.seed}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

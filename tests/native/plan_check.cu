@@ -64,6 +64,10 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               bool compiled = p.packs >= tiny_packs(pack) && !(p.packs & (p.packs - 1));
               for (int k : kOddPacks) compiled |= pack > 1 && p.packs == k && odd_packs<Op, vec_pack<T>()>(k);
               if (!compiled) report(op, "rows_warp packs a lane outside its compiled counts", family, pack, threads, cols, p);
+              // rows_warp reads unstaged vector rows ahead where Op::kWalk (families.cuh, kAhead):
+              // never an odd count, which would hold twice its registers.
+              if (pack > 1 && Op::kWalk && p.stage == 0 && (p.packs & (p.packs - 1)))
+                report(op, "rows_warp reads an odd count of packs ahead unstaged", family, pack, threads, cols, p);
               const int narrowest = pack > 1 ? narrowest_group<Op, vec_pack<T>()>(p.packs) : narrowest_group<Op, 1>(p.packs);
               if (p.group < narrowest || (p.group & (p.group - 1)))
                 report(op, "rows_warp outside its compiled group widths", family, pack, threads, cols, p);
