@@ -29,10 +29,9 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
   if (p.algo == SOFTMAX_ALGO_FUSED) {
-    if ((st = plan_fused<BackwardOp<T>>(p, vec, {p.x, p.dy, p.out}, {p.x_row_stride, p.dy_row_stride, p.out_row_stride},
-                                        dev, &plan)) != SOFTMAX_OK)
-      return st;
-    op.straddle = plan.straddle;
+    if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
+      return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
+                  static_cast<long long>(p.cols));
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes, unless a chunk count or block size asks for the stream.

@@ -33,52 +33,38 @@ template <typename T> struct BackwardOp {
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
   static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
   static constexpr bool kOddFullGroups = kPolicy.odd_full_groups;
-  static constexpr bool kStraddles = true;  // rows off the pack boundary may straddle it (`straddle`)
 
   const T* y;
   const T* dy;
   T* dx;
   int64_t y_stride, dy_stride, dx_stride, cols;
   C scale;
-  // Straddling rows (dispatch.cuh, plan_straddling; rows_warp and rows_block): each row is read
-  // from the pack boundary below its start, lo columns early; its first lo columns are padded
-  // (0, 0) and never stored. Element-wise packs never straddle (their lo is taken as 0).
-  bool straddle;
 
   struct Row {
     const T* y;
     const T* dy;
     T* dx;
-    int lo;  // the row's columns before its start (straddling rows), else 0: spans end lo later
   };
 
   __device__ __forceinline__ Row row(int64_t r) const {
-    const T* ry = y + r * y_stride;
-    const int lo = straddle ? static_cast<int>(reinterpret_cast<uintptr_t>(ry) % kPackBytes / sizeof(T)) : 0;
-    return {ry - lo, dy + r * dy_stride - lo, dx + r * dx_stride - lo, lo};
+    return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
-  // A row's lo where kernels of kPack may straddle (vector packs), else 0.
-  template <int kPack> static __device__ __forceinline__ int lo_of(const Row& w) { return kPack > 1 ? w.lo : 0; }
   __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
   __device__ __forceinline__ SumOp merge() const { return {}; }
 
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks>(w.y, s, s.end + lo_of<kPack>(w), live, st);
-    prefetch_span<T, kPack, kPacks>(w.dy, s, s.end + lo_of<kPack>(w), live, st.at(kPacks));
+    prefetch_span<T, kPack, kPacks>(w.y, s, s.end, live, st);
+    prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
   }
 
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, Item* v, const Stage* st = nullptr) const {
     C a[kPacks * kPack], b[kPacks * kPack];
     const Stage dy_st = st ? st->at(kPacks) : Stage{};
-    load_span<C, T, kPack, kPacks>(w.y, s, s.end + lo_of<kPack>(w), live, a, st);
-    load_span<C, T, kPack, kPacks>(w.dy, s, s.end + lo_of<kPack>(w), live, b, st ? &dy_st : nullptr);
-    if (kPack > 1 && straddle) {
-      pad_head<kPack>(s, w.lo, a, C(0));
-      pad_head<kPack>(s, w.lo, b, C(0));
-    }
+    load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a, st);
+    load_span<C, T, kPack, kPacks>(w.dy, s, s.end, live, b, st ? &dy_st : nullptr);
 #pragma unroll
     for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
   }
@@ -93,7 +79,7 @@ template <typename T> struct BackwardOp {
       for (int i = 0; i < kPack; ++i) dx[i] = v[j * kPack + i].y;
       narrow<T, kPack>(dx, out[j]);
     }
-    store_span<T, kPack, kPacks>(w.dx, s, out, s.end + lo_of<kPack>(w), lo_of<kPack>(w));
+    store_span<T, kPack, kPacks>(w.dx, s, out);
   }
 
   // The result goes into Item::y (store() reads it from there).

@@ -178,7 +178,6 @@ struct Plan {
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
   int held = 0;           // rows_stream, resident: steps of a chunk held in the stage (grid: the rest stream)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
-  bool straddle = false;  // rows_warp, rows_block: rows off the pack boundary read from the boundary below (plan_straddling)
 };
 constexpr int kPassesFamily = 100;
 
@@ -512,11 +511,10 @@ inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t le
   const char* name = p.family == kPassesFamily ? "passes" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d straddle=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes,
-           p.straddle ? 1 : 0);
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes);
   return SOFTMAX_OK;
 }
 
@@ -687,63 +685,6 @@ inline bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<ui
 // Whether rows of T at `ptr` with `stride` elements between rows can be read in 16-byte packs.
 template <typename T> bool vector_rows(const void* ptr, int64_t stride) {
   return aligned(ptr, kPackBytes) && (stride * static_cast<int64_t>(sizeof(T))) % kPackBytes == 0;
-}
-
-// Whether rows of T at each of `ptrs` (with its stride) start every row at the same offset inside
-// a 16-byte pack, a whole number of elements: then a pack boundary falls on the same column of
-// each array's row, and the boundary below a row's start is a whole number of its elements away.
-template <typename T, size_t N> bool same_offsets(const void* const (&ptrs)[N], const int64_t (&strides)[N]) {
-  const uintptr_t off = reinterpret_cast<uintptr_t>(ptrs[0]) % kPackBytes;
-  if (off % sizeof(T) != 0) return false;
-  for (size_t i = 1; i < N; ++i)
-    if (reinterpret_cast<uintptr_t>(ptrs[i]) % kPackBytes != off ||
-        (strides[i] - strides[0]) * static_cast<int64_t>(sizeof(T)) % kPackBytes != 0)
-      return false;
-  return true;
-}
-
-// Rows off the pack boundary (an odd width, a view into a row) whose arrays share each row's
-// offset inside a pack (same_offsets) straddle the boundary: each row is read from the boundary
-// below its start, its first lo < pack columns padded and never stored (the block holding a row's
-// first element lies inside its allocation, whose start is on a boundary). Planned for the most
-// columns such a row spans, cols + pack - 1, and only where rows_warp or rows_block hold it
-// (rows_stream walks op.cols). 16-bit rows straddle wherever that holds. Wider elements read one
-// by one coalesce nearly as well as whole packs, and the partial packs at both ends of a
-// straddling row cost them more than it gains: they straddle only where element-wise packs
-// (`scalar`, null if none plan) would stream the row (docs/TUNING.md, "plan_straddling").
-template <typename Op, size_t N>
-bool plan_straddling(const softmax_problem_t& p, const void* const (&ptrs)[N], const int64_t (&strides)[N],
-                     const Plan* scalar, const DeviceInfo& dev, Plan* out) {
-  using T = typename Op::Storage;
-  constexpr int kVec = vec_pack<T>();
-  if (!Op::kStraddles || !same_offsets<T>(ptrs, strides)) return false;
-  if (p.family != SOFTMAX_FAMILY_AUTO && p.family != SOFTMAX_FAMILY_WARP && p.family != SOFTMAX_FAMILY_BLOCK)
-    return false;
-  if (sizeof(T) > 2 && scalar && scalar->family != SOFTMAX_FAMILY_STREAM) return false;
-  Plan s;
-  if (!plan_rows<Op>(p.rows, p.cols + kVec - 1, kVec, p.family, p.chunks, p.threads, dev, &s) ||
-      (s.family != SOFTMAX_FAMILY_WARP && s.family != SOFTMAX_FAMILY_BLOCK))
-    return false;
-  s.straddle = true;
-  *out = s;
-  return true;
-}
-
-// The fused algorithm's plan (both directions): whole vector packs where every array's rows start
-// on a pack boundary (`vec`), else straddling rows where plan_straddling takes them, else
-// element-wise packs. `ptrs` and `strides`: every array read or written, with its row stride.
-template <typename Op, size_t N>
-int plan_fused(const softmax_problem_t& p, bool vec, const void* const (&ptrs)[N], const int64_t (&strides)[N],
-               const DeviceInfo& dev, Plan* out) {
-  Plan e;
-  const bool planned =
-      plan_rows<Op>(p.rows, p.cols, vec ? vec_pack<typename Op::Storage>() : 1, p.family, p.chunks, p.threads, dev, &e);
-  if (!vec && plan_straddling<Op>(p, ptrs, strides, planned ? &e : nullptr, dev, out)) return SOFTMAX_OK;
-  if (!planned)
-    return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
-                static_cast<long long>(p.cols));
-  *out = e;
-  return SOFTMAX_OK;
 }
 
 // Common checks of a problem; direction-specific ones stay with the direction.

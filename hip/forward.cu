@@ -98,9 +98,9 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   Plan plan;
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
-      if ((st = plan_fused<Op>(p, vec, {p.x, p.out}, {p.x_row_stride, p.out_row_stride}, dev, &plan)) != SOFTMAX_OK)
-        return st;
-      op.straddle = plan.straddle;
+      if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
+        return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
+                    static_cast<long long>(p.cols));
       break;
     case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
       // Groups for unmasked short rows: where the stream's block would leave lanes idle (a row

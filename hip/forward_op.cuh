@@ -42,10 +42,6 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
   static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
   static constexpr bool kOddFullGroups = kPolicy.odd_full_groups;
-  // Rows off the pack boundary may straddle it (`straddle`): the plain kind only, whose loads
-  // read nothing but x (a mask's and a causal limit's columns would shift with the row).
-  static constexpr bool kStraddles = kMask == kPlain;
-  static_assert(!kStraddles || !kWalk, "row(r, walk) does not straddle");
 
   const T* x;
   T* y;
@@ -64,17 +60,12 @@ template <typename T, int kMask> struct ForwardOp {
   bool walks;
   Divisor walk_inner;
   int64_t walk_inner_stride, walk_outer_stride, walk_wrap;
-  // Straddling rows (dispatch.cuh, plan_straddling; rows_warp and rows_block, kStraddles): each
-  // row is read from the pack boundary below its start, lo columns early; its first lo columns
-  // are padded and never stored. Element-wise packs never straddle (their lo is taken as 0).
-  bool straddle;
 
   struct Row {
     const T* x;
     T* y;
     const unsigned char* mask;  // start of this row's mask (element offset folded in, in bytes)
     int64_t limit;              // columns >= limit are masked out by causal
-    int lo;                     // the row's columns before its start (straddling rows), else 0: spans end lo later
   };
 
   // rows_warp visits a lane's rows r, r + step, r + 2 step, ... (its grid-stride loop). A Walk
@@ -124,7 +115,6 @@ template <typename T, int kMask> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.lo = 0;
     w.limit = kCausal && causal_queries.d ? min(cols, static_cast<int64_t>(k.query) + 1) : cols;
     w.mask = kWithMask && mask ? mask + k.off * mask_elem_size() : nullptr;
     return w;
@@ -139,9 +129,6 @@ template <typename T, int kMask> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.lo = kStraddles && straddle ? static_cast<int>(reinterpret_cast<uintptr_t>(w.x) % kPackBytes / sizeof(T)) : 0;
-    w.x -= w.lo;
-    w.y -= w.lo;
     w.limit = cols;
     if (kCausal && causal_queries.d) {
       int64_t query;
@@ -178,8 +165,6 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   static __device__ __forceinline__ C pad() { return neg_inf<C>(); }
-  // A row's lo where kernels of kPack may straddle (vector packs of the plain kind), else 0.
-  template <int kPack> __device__ __forceinline__ int lo_of(const Row& w) const { return kStraddles && kPack > 1 ? w.lo : 0; }
   // Columns from here on are pads whatever the mask holds: the causal limit.
   __device__ __forceinline__ int64_t live_end(const Row& w) const { return kCausal ? w.limit : cols; }
 
@@ -260,13 +245,13 @@ template <typename T, int kMask> struct ForwardOp {
   // read whole, and its columns from the limit on become the pad).
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
-    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end + lo_of<kPack>(w);
+    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
     prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, st);
   }
 
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, C* v, const Stage* st = nullptr) const {
-    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end + lo_of<kPack>(w);
+    const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
     if constexpr (kBool && kPack > 1 && sizeof(T) <= 4) {
       if (sizeof(T) == 2 || st) {  // `st` is known where this is inlined: staged or not
         load_bool<kPack, kPacks>(w, s, bound, live, v, st);
@@ -310,7 +295,6 @@ template <typename T, int kMask> struct ForwardOp {
         }
       }
     });
-    if (kStraddles && kPack > 1 && straddle) pad_head<kPack>(s, w.lo, v, pad());
   }
 
   // A pack's boolean mask bytes as one word (byte i nonzero: column i kept): the pack's bytes
@@ -484,7 +468,7 @@ template <typename T, int kMask> struct ForwardOp {
     Narrowed<T, kPack> out[kPacks];
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) narrow<T, kPack>(v + j * kPack, out[j]);
-    store_span<T, kPack, kPacks, kWholeSplit>(w.y, s, out, s.end + lo_of<kPack>(w), lo_of<kPack>(w));
+    store_span<T, kPack, kPacks, kWholeSplit>(w.y, s, out);
   }
 
   // Rows in registers: one exp per element (the max is reduced first, then the sum).

@@ -210,33 +210,16 @@ __device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t 
   }
 }
 
-// A straddling row's first lo columns (dispatch.cuh, plan_straddling), its neighbour's: the
-// loaded values v of the span's packs there become `pad`. They lie in the first pack of the
-// span's first lane (rows_warp and rows_block spans start at column 0; lo < kPack).
-template <int kPack, typename S, typename V> __device__ __forceinline__ void pad_head(const S& s, int lo, V* v, V pad) {
-  if (s.template off<kPack>(0) < lo) {
-#pragma unroll
-    for (int i = 0; i < kPack; ++i)
-      if (i < lo) v[i] = pad;
-  }
-}
-
-// Writes the span's packs of `row` (columns below `bound`, s.end by default, and at or past `lo`:
-// a straddling row's first lo columns are its neighbour's, lo < kPack).
+// Writes the span's packs of `row` (columns below s.end only).
 template <typename T, int kPack, int kPacks, bool kWholeSplit = false, typename S>
-__device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T, kPack> (&out)[kPacks],
-                                           int64_t bound = -1, int lo = 0) {
+__device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T, kPack> (&out)[kPacks]) {
   T* p = row + s.base;
-  with_reach<false, kPack, kPacks, true, kWholeSplit>(s, bound < 0 ? s.end : bound, true, [&](const auto& reach) {
+  with_reach<false, kPack, kPacks, true, kWholeSplit>(s, s.end, true, [&](const auto& reach) {
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int o = s.template off<kPack>(j);
       const int n = reach.template n<kPack>(o);
-      if (o < lo) {
-#pragma unroll
-        for (int i = 0; i < kPack; ++i)
-          if (i >= lo - o && i < n) p[o + i] = out[j].v[i];
-      } else if (n == kPack && kPack > 1) {
+      if (n == kPack && kPack > 1) {
         store_pack<T, kPack>(p + o, out[j]);
       } else {
 #pragma unroll

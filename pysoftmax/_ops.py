@@ -492,9 +492,7 @@ def _fast_plan(direction, algo, inputs, mask, out, scale, causal, ptrs, mptr):
     p.out_row_stride = strides[-1] if out is not None else shape[-1]
     p.causal_queries = shape[-2] if causal else 0
     p.scale = scale
-    # Where in its pack each array starts is all the planner reads of a pointer; a fresh output
-    # starts on a boundary.
-    p.x, p.out = ptrs[0], (_PACK_BYTES << 16 if out is None else out.data.ptr)
+    p.x, p.out = ptrs[0], (ptrs[0] if out is None else out.data.ptr)  # alignment is all the planner reads
     if len(inputs) > 1:
         p.dy = ptrs[1]
     if mask is not None:
@@ -529,16 +527,15 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
     xptr = xdata.ptr
     key = (direction, algo, x.shape, x.strides, x.dtype, dev, scale, causal)
     ptrs = [xptr]
-    # Each array's offset inside its pack: the plan depends on them (vector packs where all are 0,
-    # straddling rows where all agree).
-    offs = xptr % _PACK_BYTES
+    align = xptr
     if len(inputs) > 1:
         dy = inputs[1]
         if type(dy) is not _ndarray:
             return None
         ddata = dy.data
         ptrs.append(ddata.ptr)
-        key += (dy.shape, dy.strides, dy.dtype, ddata.device_id, ddata.ptr % _PACK_BYTES)
+        align |= ddata.ptr
+        key += (dy.shape, dy.strides, dy.dtype, ddata.device_id)
     mptr = 0
     if mask is not None:
         if type(mask) is not _ndarray:
@@ -551,14 +548,15 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
         if type(out) is not _ndarray or not out.flags.c_contiguous or any(not a.flags.c_contiguous for a in inputs):
             return None
         optr = out.data.ptr
+        align |= optr
         hi = optr + out.nbytes
         for a, ptr in zip(inputs, ptrs):  # in place is fine; a partial overlap is the general path's error
             if ptr != optr and ptr < hi and optr < ptr + a.nbytes:
                 return None
             if ptr == optr and a.strides != out.strides:
                 return None
-        key += (out.shape, out.strides, out.dtype, out.data.device_id, optr % _PACK_BYTES)
-    key += (offs,)
+        key += (out.shape, out.strides, out.dtype, out.data.device_id)
+    key += (not align % _PACK_BYTES,)
     try:
         e = _fast_local.cache[key]
     except (AttributeError, KeyError):
@@ -705,10 +703,6 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
     causal_queries > 0 plans the forward under a causal limit over that many queries (as
     fused(causal=True) passes); mask=True with a boolean mask (one row broadcast to every row).
-    aligned=False plans rows that start one element past a 16-byte boundary in every array, as
-    most rows of a contiguous array of an odd width do (they straddle the boundary: `straddle=1`
-    where rows_warp or rows_block holds them); aligned="mixed" puts the output on the boundary
-    and the inputs one element past it (the element-wise kernels).
 
     For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
     _need_cupy()
@@ -719,13 +713,8 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.dtype = _DTYPES[numpy.dtype(dtype).name]
     p.rows, p.cols = rows, cols
     p.scale = 1.0  # a scale the forward folds into its exponent, as fused() passes by default
-    if aligned not in (True, False, "mixed"):
-        raise ValueError(f"aligned={aligned!r}: expected True, False or 'mixed'")
-    base = 1 << 20  # never dereferenced: only alignment is read
-    one = {_lib.FLOAT64: 8, _lib.FLOAT32: 4}.get(p.dtype, 2)  # an element's bytes
-    p.x = p.dy = p.out = base if aligned is True else base + one
-    if aligned == "mixed":
-        p.out = base
+    base = 1 << 20 if aligned else (1 << 20) + 2  # never dereferenced: only alignment is read
+    p.x = p.dy = p.out = base
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
     p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
                 "stream": _lib.FAMILY_STREAM}[family]

@@ -225,7 +225,7 @@ def test_stream_cluster(cols, dtype, blocks):
     assert plan["resident"] == (expect > 1) and plan["chunks"] == max(expect, 1) and plan["workspace"] == 0, plan
     if blocks:
         assert plan["blocks"] == blocks, plan
-    assert _ops.plan((rows, cols), dtype, aligned="mixed")["cluster"] == 1  # element-wise rows are never staged
+    assert _ops.plan((rows, cols), dtype, aligned=False)["cluster"] == 1  # element-wise rows are never staged
     x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
     y = _ops.forward(to_device(x64, dtype), out=poisoned((rows, cols), dtype), blocks=blocks)
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"cluster={plan['cluster']} seed={g.seed}")
@@ -324,20 +324,10 @@ def test_plan_crosses_thresholds():
     assert fam(1024, "float16") == "warp" and fam(1025, "float16") == "block"
     assert fam(512, "float64") == "warp" and fam(513, "float64") == "block"
     assert fam(16384, "float64") == "block" and fam(16385, "float64") == "stream"
-    assert fam(512, aligned="mixed") == "warp" and fam(513, aligned="mixed") == "block"
-    assert fam(16384, aligned="mixed") == "block" and fam(16385, aligned="mixed") == "stream"
+    assert fam(512, aligned=False) == "warp" and fam(513, aligned=False) == "block"
+    assert fam(16384, aligned=False) == "block" and fam(16385, aligned=False) == "stream"
     assert _ops.plan((64, 1000), "float32")["pack"] == 4
-    assert _ops.plan((64, 1000), "float32", aligned="mixed")["pack"] == 1
-    # Rows that straddle the pack boundary are planned for cols + pack - 1 columns, in rows_warp
-    # or rows_block only; past those, element-wise. float32 rows straddle only where element-wise
-    # packs would stream them.
-    st = lambda cols, dt="bfloat16", **kw: _ops.plan((64, cols), dt, aligned=False, **kw)
-    assert st(1017)["family"] == "warp" and st(1018)["family"] == "block"
-    assert st(1017)["straddle"] == st(32761)["straddle"] == 1 and st(32761)["pack"] == 8
-    assert st(32762)["straddle"] == 0 and st(32762)["pack"] == 1 and st(32762)["family"] == "stream"
-    assert st(1001, "float32")["straddle"] == 0 and st(1001, "float32")["pack"] == 1
-    assert st(10001, "float32", direction="backward")["straddle"] == 1
-    assert st(20001, "float32")["straddle"] == 1 and st(20001, "float32")["family"] == "block"
+    assert _ops.plan((64, 1000), "float32", aligned=False)["pack"] == 1
     assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
     many = _ops.plan((4096, 1 << 18), "float32")  # many long rows: no split into two launches
     assert many["chunks"] == many["cluster"] and many["workspace"] == 0, many

@@ -1,13 +1,11 @@
 """Unaligned rows on the GPU: rows that start off a 16-byte boundary.
 
 Such rows come from widths that are not a multiple of the 16-byte pack (every row but one in
-each pack's worth starts off a boundary) and from views that start inside a row. Where every
-array starts each row at the same offset inside its pack, rows_warp and rows_block read the rows
-from the boundary below them (straddling, hip/dispatch.cuh, plan_straddling); otherwise, and
-with a mask or causal limit, unaligned rows take the element-wise kernels (vector_rows).
-Most tests here write into a view of a larger buffer full of poison and check that the
-elements around the view keep it; their inputs and outputs start at different offsets in the
-pack, the straddling tests' at one. The rows cross every family's thresholds.
+each pack's worth starts off a boundary) and from views that start inside a row; an input, mask
+or output that is unaligned takes the element-wise kernels (hip/dispatch.cuh, vector_rows).
+Every test here writes into a view of a larger buffer full of poison and checks that the
+elements around the view keep it. Inputs and outputs start at different offsets in the pack, and
+the rows cross every family's thresholds.
 """
 
 import numpy
@@ -81,7 +79,7 @@ def test_unaligned_forward(dtype, cols):
         x64, x = offset_input(g, rows, cols, dtype, xs)
         buf, out = offset_output(rows, cols, dtype, os)
         assert (x.data.ptr | out.data.ptr | x.strides[0] | out.strides[0]) % 16, "meant to be unaligned"
-        plan = _ops.plan((rows, cols), dtype, aligned="mixed")
+        plan = _ops.plan((rows, cols), dtype, aligned=False)
         assert plan["pack"] == 1 and plan["stage"] == 0, plan
         y = pysoftmax.fused(x, out=out)
         what = f"{rows}x{cols} x+{xs} out+{os} {plan['family']} seed={g.seed}"
@@ -182,121 +180,3 @@ def test_unaligned_repeatable():
     a = pysoftmax.fused(x)
     b = pysoftmax.fused(x)
     assert bool((a.view(cupy.uint16) == b.view(cupy.uint16)).all())
-
-
-# Widths for straddling rows: rows_warp's tiny and medium tables, rows_block, and past it, where
-# they are read element-wise again (32761 and 32769 sit on both sides of the last rows_block width
-# of 16-bit rows, 32768 columns planned as cols + 7); float32 rows straddle where element-wise
-# ones would stream (backward 10001, forward 20001).
-STRADDLE_COLS = [3, 9, 33, 100, 257, 1001, 2047, 4099, 10001, 20001, 32761, 32769]
-
-
-def straddle_width(cols, dtype):
-    """A row width of whole packs past `cols` + 1: views one element into its rows start every row
-    one element past a boundary."""
-    p = pack(dtype)
-    return cols + 1 + (-(cols + 1)) % p + p
-
-
-def placed(a64, dtype, layout):
-    """a64 on the device, each row at the same offset inside the pack in every array so placed: a
-    contiguous array (row r at r * cols: an odd width gives rows at every offset), or views one
-    element into the rows of a wider buffer."""
-    if layout == "contiguous":
-        return to_device(a64, dtype)
-    rows, cols = a64.shape
-    pad = straddle_width(cols, dtype) - cols - 1
-    return view_of(to_device(numpy.pad(a64, ((0, 0), (1, pad)), constant_values=numpy.nan), dtype), 1, cols)
-
-
-def straddled_output(rows, cols, dtype, layout):
-    """(buf, out, offset): a poisoned output placed as placed() places inputs (buf None if contiguous)."""
-    if layout == "contiguous":
-        return None, poisoned((rows, cols), dtype), 0
-    buf = poisoned((rows, straddle_width(cols, dtype)), dtype)
-    return buf, view_of(buf, 1, cols), 1
-
-
-def assert_straddle_plan(shape, dtype, direction):
-    """The plan for rows one element past a boundary in every array, against plan_straddling's
-    rule: 16-bit rows straddle wherever rows_warp or rows_block holds cols + pack - 1 columns
-    (certainly up to 1017 columns), wider ones only where element-wise packs would stream the row."""
-    plan = _ops.plan(shape, dtype, direction=direction, aligned=False)
-    scalar = _ops.plan(shape, dtype, direction=direction, aligned="mixed")
-    if plan["straddle"]:
-        assert plan["family"] in ("warp", "block") and plan["pack"] == pack(dtype), plan
-        assert pack(dtype) == 8 or scalar["family"] == "stream", (plan, scalar)
-    else:
-        assert plan == dict(scalar, straddle=0), (plan, scalar)
-        assert pack(dtype) < 8 or shape[-1] > 1017, plan
-    return plan
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", STRADDLE_COLS)
-@pytest.mark.parametrize("layout", ["contiguous", "views at one offset"])
-def test_straddling_forward(dtype, cols, layout):
-    """fused where x and out start each row at the same offset inside the pack: each row is read
-    from the boundary below it (hip/dispatch.cuh, plan_straddling), its neighbour's columns padded
-    and never written. The poison around the views stays; in the contiguous layout each row's
-    neighbours hold their own results; in place (out=x) too."""
-    g = rng()
-    rows = 67
-    x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
-    x = placed(x64, dtype, layout)
-    buf, out, off = straddled_output(rows, cols, dtype, layout)
-    plan = assert_straddle_plan(x64.shape, dtype, "forward")
-    what = f"{layout} {x64.shape} {plan['family']} straddle={plan['straddle']} seed={g.seed}"
-    ref = ref_softmax(x64, 0.6)
-    y = pysoftmax.fused(x, scale=0.6, out=out)
-    assert y is out
-    assert_close(to_host64(y), ref, dtype, what)
-    if buf is not None:
-        assert_untouched(buf, off, cols, what)
-    y = pysoftmax.fused(x, scale=0.6, out=x)
-    assert_close(to_host64(y), ref, dtype, "in place " + what)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", STRADDLE_COLS)
-@pytest.mark.parametrize("layout", ["contiguous", "views at one offset"])
-def test_straddling_backward(dtype, cols, layout):
-    """backward where y, dy and dx share each row's offset inside the pack, as the forward."""
-    g = rng()
-    rows = 67
-    y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 2), dtype)
-    dy64 = rounded(g.standard_normal((rows, cols)), dtype)
-    y, dy = placed(y64, dtype, layout), placed(dy64, dtype, layout)
-    buf, out, off = straddled_output(rows, cols, dtype, layout)
-    plan = assert_straddle_plan((rows, cols), dtype, "backward")
-    what = f"{layout} {rows}x{cols} {plan['family']} straddle={plan['straddle']} seed={g.seed}"
-    dx = pysoftmax.backward(y, dy, scale=0.7, out=out)
-    assert dx is out
-    assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, what)
-    if buf is not None:
-        assert_untouched(buf, off, cols, what)
-
-
-def test_fast_path_plans_each_offset():
-    """The fast path caches a plan, and its workspace, for each set of offsets inside the pack:
-    views one row into odd-width arrays (every row one element past a boundary here) with a fresh
-    output (on a boundary: element-wise, the split stream, which needs a workspace), an output at
-    the inputs' offset (straddling) and one at another, each called twice."""
-    g = rng()
-    for dtype, cols in (("float32", 20001), ("bfloat16", 40001)):
-        a64 = rounded(g.standard_normal((65, cols)) * 3, dtype)
-        x64, x = a64[1:], to_device(a64, dtype)[1:]
-        ref = ref_softmax(x64)
-        same = poisoned((65, cols), dtype)[1:]
-        other = poisoned((64 * cols + 8,), dtype)[2:2 + 64 * cols].reshape(64, cols)
-        assert len({x.data.ptr % 16, same.data.ptr % 16, other.data.ptr % 16} - {0}) == 2, "meant to differ"
-        for out in (None, same, other, None, same, other):
-            y = pysoftmax.fused(x, out=out)
-            assert_close(to_host64(y), ref, dtype, f"forward {dtype} {cols} out={'fresh' if out is None else out.data.ptr % 16}")
-    cols = 10001  # float32 backward: rows_block where straddled, the split stream where element-wise
-    y64 = rounded(ref_softmax(g.standard_normal((65, cols)) * 2), "float32")
-    dy64 = rounded(g.standard_normal((65, cols)), "float32")
-    y, dy = to_device(y64, "float32")[1:], to_device(dy64, "float32")[1:]
-    for out in (None, poisoned((65, cols), "float32")[1:], None):
-        dx = pysoftmax.backward(y, dy, scale=0.5, out=out)
-        assert_grad_close(to_host64(dx), y64[1:], dy64[1:], 0.5, "float32", f"backward out={'fresh' if out is None else 'same'}")

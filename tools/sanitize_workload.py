@@ -26,12 +26,6 @@ for dtype in ("float32", "float16", "float64"):
         for algo in ("naive", "online", "fused"):
             step(f"{algo} {dtype} {cols}", lambda: getattr(pysoftmax, algo)(x))
         step(f"fused unaligned {dtype} {cols}", lambda: pysoftmax.fused(arr((9, cols + 1), dtype)[:, 1:]))
-        # Views one element into rows of cols + 1, inputs and outputs alike: straddling rows (16-bit,
-        # and float32 past element-wise rows_block).
-        xs, ys, dxs = (cupy.empty((9, cols + 1), dtype)[:, 1:] for _ in range(3))
-        xs[...] = arr((9, cols), dtype)
-        step(f"fused straddling {dtype} {cols}", lambda: pysoftmax.fused(xs, out=ys))
-        step(f"backward straddling {dtype} {cols}", lambda: pysoftmax.backward(ys, xs, out=dxs))
         y = pysoftmax.fused(x)
         dy = arr((9, cols), dtype)
         step(f"backward {dtype} {cols}", lambda: pysoftmax.backward(y, dy))
