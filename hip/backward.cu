@@ -23,11 +23,16 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   op.scale = static_cast<C>(p.scale);
   const bool vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.dy, p.dy_row_stride) &&
                    vector_rows<T>(p.out, p.out_row_stride);
+  const void* const ptrs[] = {p.x, p.dy, p.out};
+  const int64_t strides[] = {p.x_row_stride, p.dy_row_stride, p.out_row_stride};
+  const bool straddles = !vec && (p.family == SOFTMAX_FAMILY_AUTO || p.family == SOFTMAX_FAMILY_STREAM) &&
+                         same_pack_offsets<T>(p.rows, ptrs, strides, 3);
   DeviceInfo dev;
   int st = device_info(&dev);
   if (st != SOFTMAX_OK) return st;
   const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
+  int on_chip = kOnGrid;  // where a streamed row may be held (plan_rows)
   if (p.algo == SOFTMAX_ALGO_FUSED) {
     if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
@@ -35,12 +40,16 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes, unless a chunk count or block size asks for the stream.
+    on_chip = kOffChip;
     if ((p.chunks || p.threads || !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
-        !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, kOffChip))
+        !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, on_chip))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }
+  int64_t body_cols = 0;
+  if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.chunks, p.threads, on_chip, straddles, dev, &plan, &body_cols))
+    op.cols = body_cols;
   cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;

@@ -50,6 +50,11 @@ template <typename T> struct BackwardOp {
     return {y + r * y_stride, dy + r * dy_stride, dx + r * dx_stride};
   }
   __device__ __forceinline__ Row prefetch_row(int64_t r) const { return row(r); }
+  // rows_stream kStraddle: the row's elements before its first pack boundary, and the row from
+  // `head` columns on.
+  static constexpr bool kStraddles = true;
+  __device__ __forceinline__ int head(const Row& w) const { return pack_head(w.y); }
+  __device__ __forceinline__ Row shift(const Row& w, int head) const { return {w.y + head, w.dy + head, w.dx + head}; }
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
   __device__ __forceinline__ SumOp merge() const { return {}; }
 

@@ -100,6 +100,10 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // ---------------------------------------------------------------------------------------------
 // The device the launch runs on: looked up once per device and cached.
 
+// Which unaligned rows plan_straddling takes: none, those the element-wise plan streams, or also
+// those it holds in rows_block (tuning: PYSOFTMAX_STRADDLE, read once a device).
+enum StraddleRows { kStraddleNone = 0, kStraddleStreamed = 1, kStraddleBlocks = 2 };
+
 struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
@@ -108,6 +112,7 @@ struct DeviceInfo {
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
+  int straddle = kStraddleStreamed;      // which rows straddle (plan_straddling; PYSOFTMAX_STRADDLE)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -159,6 +164,11 @@ inline int device_info(DeviceInfo* out) {
         if (*c == '0' + kOddPacks[i]) info.odd_packs_allowed |= 1 << i;
     }
   }
+  // PYSOFTMAX_STRADDLE, read once a device: "0" no row straddles, "1" the streamed ones (the
+  // default), "2" also those of rows_block (tuning; docs/TUNING.md, "plan_straddling").
+  if (const char* sd = getenv("PYSOFTMAX_STRADDLE")) {
+    if (sd[0] >= '0' && sd[0] <= '2' && !sd[1]) info.straddle = sd[0] - '0';
+  }
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
   *out = info;
@@ -178,6 +188,7 @@ struct Plan {
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
   int held = 0;           // rows_stream, resident: steps of a chunk held in the stage (grid: the rest stream)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
+  bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
 };
 constexpr int kPassesFamily = 100;
 
@@ -511,10 +522,11 @@ inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t le
   const char* name = p.family == kPassesFamily ? "passes" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d straddle=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes);
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes,
+           p.straddle ? 1 : 0);
   return SOFTMAX_OK;
 }
 
@@ -600,6 +612,40 @@ int by_packs(int packs, Launch launch) {
   }
 }
 
+// rows_stream for the plan: one block a row or the two-launch split, a cluster's, or a cooperative
+// grid's groups; kStraddle for straddling rows (plan_straddling).
+template <typename Op, int kPack, bool kStraddle>
+int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, typename Op::Stat* ws) {
+  if (p.cluster > 1 || p.grid) {
+    if constexpr (kPack > 1 && Op::kStageStream && kAsyncCopy) {  // only staged rows are resident
+      if (p.cluster > 1)
+        return launch(rows_stream<Op, kPack, kShareCluster, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
+                      p.chunk_cols, p.held, int{kStreamResident}, ws);
+      // The groups' counters start at zero (the partials need no clearing: each is written
+      // before its counter says so).
+      using Stat = typename Op::Stat;
+      const int64_t groups = p.blocks / p.chunks;
+      const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, p.chunks), 0,
+                                          static_cast<size_t>(groups) * sizeof(unsigned), s);
+      if (e != hipSuccess) {
+        (void)hipGetLastError();  // cleared, as after a failed launch
+        return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
+      }
+      return launch(rows_stream<Op, kPack, kShareGrid, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
+                    p.chunk_cols, p.held, int{kStreamResident}, ws);
+    }
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a shared-row plan for rows that are not staged");
+  }
+  auto* const kernel = rows_stream<Op, kPack, kShareNone, kStraddle>;
+  if (p.chunks == 1)
+    return launch(kernel, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols, p.held,
+                  int{p.resident ? kStreamResident : kStreamWhole}, ws);
+  if (int st = launch(kernel, "rows_stream (statistics)", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
+                      int{kStreamStats}, ws))
+    return st;
+  return launch(kernel, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols, p.held, int{kStreamApply}, ws);
+}
+
 template <typename Op, int kPack>
 int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, typename Op::Stat* ws) {
   using T = typename Op::Storage;
@@ -618,34 +664,11 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
         return launch(rows_block<Op, kPack, decltype(k)::value>, "rows_block", p, s, op, rows);
       });
     case SOFTMAX_FAMILY_STREAM:
-      if (p.cluster > 1 || p.grid) {
-        if constexpr (kPack > 1 && Op::kStageStream && kAsyncCopy) {  // only staged rows are resident
-          if (p.cluster > 1)
-            return launch(rows_stream<Op, kPack, kShareCluster>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols,
-                          p.held, int{kStreamResident}, ws);
-          // The groups' counters start at zero (the partials need no clearing: each is written
-          // before its counter says so).
-          using Stat = typename Op::Stat;
-          const int64_t groups = p.blocks / p.chunks;
-          const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, p.chunks), 0,
-                                              static_cast<size_t>(groups) * sizeof(unsigned), s);
-          if (e != hipSuccess) {
-            (void)hipGetLastError();  // cleared, as after a failed launch
-            return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
-          }
-          return launch(rows_stream<Op, kPack, kShareGrid>, "rows_stream", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
-                        int{kStreamResident}, ws);
-        }
-        return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a shared-row plan for rows that are not staged");
+      if constexpr (kPack > 1 && Op::kStraddles) {
+        if (p.straddle) return launch_stream<Op, kPack, true>(op, rows, p, s, ws);
       }
-      if (p.chunks == 1)
-        return launch(rows_stream<Op, kPack>, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols, p.held,
-                      int{p.resident ? kStreamResident : kStreamWhole}, ws);
-      if (int st = launch(rows_stream<Op, kPack>, "rows_stream (statistics)", p, s, op, rows, p.chunks, p.chunk_cols,
-                          p.held, int{kStreamStats}, ws))
-        return st;
-      return launch(rows_stream<Op, kPack>, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
-                    int{kStreamApply}, ws);
+      if (p.straddle) return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a straddling plan for rows that cannot straddle");
+      return launch_stream<Op, kPack, false>(op, rows, p, s, ws);
     default:
       return fail(SOFTMAX_ERROR_INTERNAL, "family %d has no launcher here", p.family);
   }
@@ -685,6 +708,42 @@ inline bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<ui
 // Whether rows of T at `ptr` with `stride` elements between rows can be read in 16-byte packs.
 template <typename T> bool vector_rows(const void* ptr, int64_t stride) {
   return aligned(ptr, kPackBytes) && (stride * static_cast<int64_t>(sizeof(T))) % kPackBytes == 0;
+}
+
+// Whether rows of T that are not vector rows may straddle (rows_stream kStraddle): every array
+// starts each row at the same offset inside its pack (a contiguous array of an odd width, and
+// views one element into rows of one width), so that one shift aligns the row in all of them.
+// `ptrs` and `strides` (elements between rows) name the n arrays; one row has no stride to agree on.
+template <typename T> bool same_pack_offsets(int64_t rows, const void* const* ptrs, const int64_t* strides, int n) {
+  const auto at = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); };
+  if (at(ptrs[0]) % static_cast<int64_t>(sizeof(T))) return false;
+  for (int k = 1; k < n; ++k) {
+    if ((at(ptrs[k]) - at(ptrs[0])) % kPackBytes) return false;
+    if (rows > 1 && ((strides[k] - strides[0]) * static_cast<int64_t>(sizeof(T))) % kPackBytes) return false;
+  }
+  return true;
+}
+
+// Straddling rows: where the element-wise plan `plan` streams rows that may straddle
+// (same_pack_offsets), the stream of their aligned bodies, cols - (pack - 1) columns of vector
+// packs, staged and held on chip as aligned rows are (`on_chip`, as the caller's plan), replaces
+// it; rows_stream adds the pack - 1 columns around each body one element a thread. *body_cols
+// is then the bodies' length, which the op's cols must be. Rows that a register family holds keep
+// the element-wise plan (dev.straddle: rows_block's too, for tuning). False: `plan` stands.
+template <typename Op>
+bool plan_straddling(int64_t rows, int64_t cols, int64_t chunks, int threads, int on_chip, bool may_straddle,
+                     const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
+  constexpr int kVec = vec_pack<typename Op::Storage>();
+  const bool takes = plan->family == SOFTMAX_FAMILY_STREAM ? dev.straddle >= kStraddleStreamed
+                   : plan->family == SOFTMAX_FAMILY_BLOCK && dev.straddle >= kStraddleBlocks;
+  if (!Op::kStraddles || !may_straddle || !takes || plan->pack != 1 || cols < 2 * kVec) return false;
+  const int64_t body = cols - (kVec - 1);
+  Plan p;
+  if (!plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip)) return false;
+  p.straddle = true;
+  *plan = p;
+  *body_cols = body;
+  return true;
 }
 
 // Common checks of a problem; direction-specific ones stay with the direction.

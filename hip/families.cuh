@@ -225,6 +225,13 @@ void rows_block(const Op op, int64_t rows) {
 //                  even where it never runs; docs/TUNING.md, "rows_stream kCluster".)
 //   kShareGrid     a cooperative launch (all blocks resident at once): through ws, a partial a
 //                  block and a counter a row group, for rows too long for a cluster.
+// kStraddle: rows that start off the pack boundary, each array's at the same offset (a contiguous
+// array of an odd width). op.cols is the row's body, cols - (kPack - 1) columns that start at the
+// row's first boundary, head(row) elements in, and are walked as an aligned row of their own
+// (shift); the pack - 1 columns outside the body (the head before it, the rest after it) are one
+// element each of threads 0..kPack-2 of the row's first chunk, added to that block's statistic
+// and applied after its pass. Per row, that costs a long row nothing measurable; the flag is a
+// kernel of its own, as the straight rows then carry no trace of it.
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2 };
@@ -238,7 +245,7 @@ template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, 
   return grid_partials_bytes<Stat>(groups, chunks) + groups * static_cast<int64_t>(sizeof(unsigned));
 }
 
-template <typename Op, int kPack, int kShare = kShareNone>
+template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
 void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int held, int phase,
                             typename Op::Stat* ws) {
@@ -344,8 +351,25 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       use(span_at(base, end), v);
     }
   };
+  // kStraddle: a row's elements before its first pack boundary, and the row shifted to its body.
+  auto head_of = [&](const typename Op::Row& w) {
+    if constexpr (kStraddle) return op.head(w);
+    else return 0;
+  };
+  auto shifted = [&](const typename Op::Row& w, int head) {
+    if constexpr (kStraddle) return op.shift(w, head);
+    else return w;
+  };
+  auto body = [&](const typename Op::Row& w) { return shifted(w, head_of(w)); };
+  // kStraddle: the one column outside the body that this thread adds (threads 0..kPack-2), in the
+  // body's columns: the head's before it, the rest after it.
+  auto outside = [&](int head) {
+    const int t = static_cast<int>(threadIdx.x);
+    const int64_t c = t < head ? t - head : op.cols + t - head;
+    return Span{c, 0, 1, c + 1};
+  };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
-    const typename Op::Row w = op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x);
+    const typename Op::Row w = body(op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x));
     const int64_t begin = kShared ? blockIdx.x % chunks * chunk_cols : 0;
     each_resident_step(begin, min(op.cols, begin + chunk_cols), [&](const Span& span, const Stage& st, int) {
       op.template prefetch<kPack, kUnroll>(w, span, true, st);
@@ -361,7 +385,10 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     const int64_t r = id / chunks, chunk = id % chunks;
     const int64_t begin = chunk * chunk_cols;
     const int64_t end = min(op.cols, begin + chunk_cols);
-    const typename Op::Row w = op.row(r);
+    const typename Op::Row whole_row = op.row(r);
+    const int head = head_of(whole_row);
+    const typename Op::Row w = shifted(whole_row, head);
+    const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
     // Steps that start at or past a causal limit add nothing to the statistics and their results
     // are zeros: neither pass computes them, they are only written (docs/TUNING.md,
     // "rows_stream stop (hip/families.cuh)").
@@ -369,7 +396,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     typename Op::Final fin;
     // The block's next row (its chunk's, where the row is shared), which refills the resident stage.
     typename Op::Row next;
-    auto next_row = [&] { return op.prefetch_row(kShared ? (b + gridDim.x) / chunks : b + gridDim.x); };
+    auto next_row = [&] { return body(op.prefetch_row(kShared ? (b + gridDim.x) / chunks : b + gridDim.x)); };
     // kEarly: where the row is shared, the second pass's first step is read, and its slots
     // refilled from the block's next row, before the statistics are reduced and merged. The next
     // row's copies then land during the block's and the cluster's (grid group's) barriers, which
@@ -381,6 +408,11 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
       pass(w, begin, end, stop, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, nullptr, true);
+      if (adds_outside) {
+        Item v[1];
+        op.template load<1, 1>(w, outside(head), true, v);
+        op.template accumulate<1>(st, v);
+      }
       if constexpr (kEarly) {
         const bool refills = b + gridDim.x < nblocks;  // a shared row is resident
         if (refills) next = next_row();
@@ -444,6 +476,12 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       next = next_row();
     }
     pass(w, begin, end, stop, apply_store, refills ? &next : nullptr, false, kEarly ? 1 : 0);
+    if (adds_outside) {
+      Item v[1];
+      op.template load<1, 1>(w, outside(head), true, v);
+      op.template apply<1>(v, fin);
+      op.template store<1, 1>(w, outside(head), v);
+    }
     for (int64_t base = begin; base < end; base += stride) {
       if (base < stop) continue;
       const Item zeros[kStep] = {};

@@ -28,7 +28,8 @@ int mask_elem_bytes(int dtype) {
 constexpr int64_t kWalkMinSteps = 4;
 
 // Fills the operation from the problem, checking what only the forward direction has.
-template <typename T, int kMask> int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec) {
+template <typename T, int kMask>
+int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec, bool* straddles) {
   using C = typename Compute<T>::type;
   constexpr int kVec = vec_pack<T>();
   *op = ForwardOp<T, kMask>{};
@@ -44,6 +45,11 @@ template <typename T, int kMask> int make_op(const softmax_problem_t& p, Forward
                 static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
   op->causal_queries = make_divisor(p.causal_queries);
   *vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.out, p.out_row_stride);
+  const void* const ptrs[] = {p.x, p.out};
+  const int64_t strides[] = {p.x_row_stride, p.out_row_stride};
+  // (A requested register family is a request for its kernels: such rows keep them.)
+  *straddles = !*vec && (p.family == SOFTMAX_FAMILY_AUTO || p.family == SOFTMAX_FAMILY_STREAM) &&
+               same_pack_offsets<T>(p.rows, ptrs, strides, 2);
   // rows_warp's walk: causal queries below 2^31 and (below) a mask of at most two row dims, the
   // inner one below 2^31. No mask: an inner dim of 1, which never wraps.
   constexpr int64_t kWalkMax = INT32_MAX;
@@ -89,13 +95,14 @@ template <typename T, int kMask>
 int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode, Query* q) {
   using Op = ForwardOp<T, kMask>;
   Op op;
-  bool vec = false;
-  int st = make_op<T, kMask>(p, &op, &vec);
+  bool vec = false, straddles = false;
+  int st = make_op<T, kMask>(p, &op, &vec, &straddles);
   if (st != SOFTMAX_OK) return st;
   DeviceInfo dev;
   if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
   const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
+  int on_chip = kOnGrid;  // where a streamed row may be held (plan_rows)
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
       if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
@@ -110,9 +117,10 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       const int64_t stream_lanes =
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
       const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp;
+      on_chip = kOnCluster;
       if (Op::kMasked || p.chunks || p.threads || !groups ||
           !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))
-        if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, kOnCluster))
+        if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
           return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
       break;
     }
@@ -122,6 +130,9 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
+  int64_t body_cols = 0;
+  if (plan_straddling<Op>(p.rows, p.cols, p.chunks, p.threads, on_chip, straddles, dev, &plan, &body_cols))
+    op.cols = body_cols;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

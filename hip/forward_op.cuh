@@ -158,6 +158,15 @@ template <typename T, int kMask> struct ForwardOp {
     return w;
   }
 
+  // rows_stream kStraddle (unmasked rows only: a mask's columns would shift with the row): the
+  // row's elements before its first pack boundary, and the row from `head` columns on.
+  static constexpr bool kStraddles = !kMasked;
+  __device__ __forceinline__ int head(const Row& w) const { return pack_head(w.x); }
+  __device__ __forceinline__ Row shift(const Row& w, int head) const {
+    static_assert(kStraddles, "masked rows do not straddle");
+    return {w.x + head, w.y + head, nullptr, w.limit};
+  }
+
   __device__ __forceinline__ int mask_elem_size() const {
     if (kBool) return 1;  // the host sends only boolean masks (or none) here
     return mask_dtype == SOFTMAX_FLOAT64 ? 8 : mask_dtype == SOFTMAX_FLOAT32 ? 4

@@ -84,6 +84,12 @@ struct Stage {
   __device__ __forceinline__ Stage at(int first_slot) const { return {base, t, threads, first + first_slot}; }
 };
 
+// Elements of T from p to the next pack boundary (0 where p lies on one): a straddling row's head.
+template <typename T> __device__ __forceinline__ int pack_head(const T* p) {
+  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(p) % kPackBytes);
+  return off ? (kPackBytes - off) / static_cast<int>(sizeof(T)) : 0;
+}
+
 // How many of the kPack columns from offset o lie below the local bound `lim` (0..kPack).
 template <int kPack> __device__ __forceinline__ int inside(int o, int lim) {
   const int n = lim - o;

@@ -454,8 +454,9 @@ def _run(direction, algo, inputs, mask, out, shape, dtype, fill, stream, family,
 
 _fast_local = threading.local()
 _FAST_CACHE_MAX = 256
-# Bytes of the kernels' vector access (kPackBytes, hip/kernels.cuh): pointers aligned to it take
-# another plan than the others, so the fast path's cache keys on it.
+# Bytes of the kernels' vector access (kPackBytes, hip/kernels.cuh): the plan depends on each
+# pointer's offset inside it (aligned rows take vector packs, rows whose arrays share one offset
+# may straddle, others go element by element), so the fast path's cache keys on the offsets.
 _PACK_BYTES = 16
 _NOT_FAST = object()  # a key the general path takes
 
@@ -492,7 +493,8 @@ def _fast_plan(direction, algo, inputs, mask, out, scale, causal, ptrs, mptr):
     p.out_row_stride = strides[-1] if out is not None else shape[-1]
     p.causal_queries = shape[-2] if causal else 0
     p.scale = scale
-    p.x, p.out = ptrs[0], (ptrs[0] if out is None else out.data.ptr)  # alignment is all the planner reads
+    # Alignment is all the planner reads; a fresh output starts on a pack boundary.
+    p.x, p.out = ptrs[0], (ptrs[0] - ptrs[0] % _PACK_BYTES if out is None else out.data.ptr)
     if len(inputs) > 1:
         p.dy = ptrs[1]
     if mask is not None:
@@ -527,14 +529,14 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
     xptr = xdata.ptr
     key = (direction, algo, x.shape, x.strides, x.dtype, dev, scale, causal)
     ptrs = [xptr]
-    align = xptr
+    offsets = xptr % _PACK_BYTES
     if len(inputs) > 1:
         dy = inputs[1]
         if type(dy) is not _ndarray:
             return None
         ddata = dy.data
         ptrs.append(ddata.ptr)
-        align |= ddata.ptr
+        offsets = (offsets, ddata.ptr % _PACK_BYTES)
         key += (dy.shape, dy.strides, dy.dtype, ddata.device_id)
     mptr = 0
     if mask is not None:
@@ -548,7 +550,7 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
         if type(out) is not _ndarray or not out.flags.c_contiguous or any(not a.flags.c_contiguous for a in inputs):
             return None
         optr = out.data.ptr
-        align |= optr
+        offsets = (offsets, optr % _PACK_BYTES)
         hi = optr + out.nbytes
         for a, ptr in zip(inputs, ptrs):  # in place is fine; a partial overlap is the general path's error
             if ptr != optr and ptr < hi and optr < ptr + a.nbytes:
@@ -556,7 +558,7 @@ def _fast(direction, algo, inputs, mask, out, scale, causal):
             if ptr == optr and a.strides != out.strides:
                 return None
         key += (out.shape, out.strides, out.dtype, out.data.device_id)
-    key += (not align % _PACK_BYTES,)
+    key += (offsets,)
     try:
         e = _fast_local.cache[key]
     except (AttributeError, KeyError):
@@ -703,6 +705,9 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     """The kernel family and configuration the dispatcher picks for a contiguous array (a dict).
     causal_queries > 0 plans the forward under a causal limit over that many queries (as
     fused(causal=True) passes); mask=True with a boolean mask (one row broadcast to every row).
+    aligned=False plans arrays that all start one element past a 16-byte boundary (long rows then
+    straddle: rows_stream's vector packs over each row's aligned body), aligned="mixed" an input
+    one element past it and an aligned output (element by element).
 
     For tests and tuning; needs a GPU (the plan depends on the device's SM count and warp size)."""
     _need_cupy()
@@ -713,8 +718,12 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.dtype = _DTYPES[numpy.dtype(dtype).name]
     p.rows, p.cols = rows, cols
     p.scale = 1.0  # a scale the forward folds into its exponent, as fused() passes by default
-    base = 1 << 20 if aligned else (1 << 20) + 2  # never dereferenced: only alignment is read
-    p.x = p.dy = p.out = base
+    if aligned not in (True, False, "mixed"):
+        raise ValueError(f"aligned: {aligned!r} (expected True, False or 'mixed')")
+    base = 1 << 20  # never dereferenced: only alignment is read
+    off = 0 if aligned is True else numpy.dtype(dtype).itemsize
+    p.x = p.dy = base + off
+    p.out = base if aligned == "mixed" else base + off
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
     p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
                 "stream": _lib.FAMILY_STREAM}[family]

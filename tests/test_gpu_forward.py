@@ -194,14 +194,15 @@ def sms():
 def test_stream_resident(cols, dtype):
     """rows_stream with the whole row kept in its stage and read there twice: more rows than the
     grid has blocks (each block refills its stage with its next row while it writes the current
-    one), rows of one step and of several (the last one partial), and unaligned rows (element-wise,
-    never staged, so streamed twice) beside them."""
+    one), rows of one step and of several (the last one partial), and odd widths beside them,
+    whose rows straddle the pack boundary: their aligned bodies are held the same way."""
     g = rng()
     rows = 32 * sms() + 76  # more than the grid's 32 blocks an SM (the stage at most 96 KiB)
     plan = _ops.plan((rows, cols), dtype, family="stream")
     assert plan["chunks"] == 1
     aligned = cols * numpy.dtype(dtype if dtype != "bfloat16" else "float16").itemsize % 16 == 0
-    assert plan["resident"] == (1 if aligned and async_copy() else 0), plan
+    assert plan["straddle"] == (0 if aligned else 1), plan
+    assert plan["resident"] == (1 if async_copy() else 0), plan
     x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
     y = _ops.forward(to_device(x64, dtype), out=poisoned((rows, cols), dtype), family=3)
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"resident={plan['resident']} seed={g.seed}")
@@ -225,7 +226,9 @@ def test_stream_cluster(cols, dtype, blocks):
     assert plan["resident"] == (expect > 1) and plan["chunks"] == max(expect, 1) and plan["workspace"] == 0, plan
     if blocks:
         assert plan["blocks"] == blocks, plan
-    assert _ops.plan((rows, cols), dtype, aligned=False)["cluster"] == 1  # element-wise rows are never staged
+    assert _ops.plan((rows, cols), dtype, aligned="mixed")["cluster"] == 1  # element-wise rows are never staged
+    straddling = _ops.plan((rows, cols), dtype, aligned=False, blocks=blocks)  # bodies one pack shorter
+    assert straddling["straddle"] == 1 and straddling["cluster"] == plan["cluster"], straddling
     x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
     y = _ops.forward(to_device(x64, dtype), out=poisoned((rows, cols), dtype), blocks=blocks)
     assert_close(to_host64(y), ref_softmax(x64), dtype, f"cluster={plan['cluster']} seed={g.seed}")
@@ -328,6 +331,14 @@ def test_plan_crosses_thresholds():
     assert fam(16384, aligned=False) == "block" and fam(16385, aligned=False) == "stream"
     assert _ops.plan((64, 1000), "float32")["pack"] == 4
     assert _ops.plan((64, 1000), "float32", aligned=False)["pack"] == 1
+    # Rows that the element-wise plan streams straddle where every array shares its offset.
+    for dt, cols, pack in (("float32", 16385, 4), ("bfloat16", 16385, 8), ("float64", 8193, 2)):
+        below = _ops.plan((64, cols - 1), dt, aligned=False)
+        assert below["straddle"] == 0 and below["pack"] == 1, below
+        above = _ops.plan((64, cols), dt, aligned=False)
+        assert above["straddle"] == 1 and above["pack"] == pack and above["family"] == "stream", above
+        assert _ops.plan((64, cols), dt, aligned="mixed")["straddle"] == 0
+        assert _ops.plan((64, cols), dt, aligned=False, family="block")["straddle"] == 0
     assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
     many = _ops.plan((4096, 1 << 18), "float32")  # many long rows: no split into two launches
     assert many["chunks"] == many["cluster"] and many["workspace"] == 0, many

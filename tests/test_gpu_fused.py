@@ -400,8 +400,8 @@ def test_backward_stream_resident(cols, dtype):
     where the GPU allows it), float32 rows of 40000 (320 KiB) in a cluster of two blocks where the
     GPU has clusters (else streamed twice), and of 50152 (7 steps) in a cluster of three whose
     last block holds one step of 1000 columns (the step a cluster reads before its barriers);
-    unaligned rows streamed twice. Each also on a grid of two blocks (or clusters) that walk
-    every row."""
+    rows of 1001, which straddle the pack boundary, held as rows of 1000 are. Each also on a grid
+    of two blocks (or clusters) that walk every row."""
     g = rng()
     dev = cupy.cuda.Device()
     staged = not cupy.cuda.runtime.is_hip and int(dev.compute_capability) >= 80
@@ -409,10 +409,8 @@ def test_backward_stream_resident(cols, dtype):
     rows = 32 * dev.attributes["MultiProcessorCount"] + 76 if cols < 10000 else 700
     plan = _ops.plan((rows, cols), dtype, family="stream", direction="backward")
     assert plan["chunks"] == plan["cluster"], plan
-    if cols == 1000:
-        assert plan["resident"] == (1 if staged else 0), plan
-    elif cols == 1001:
-        assert plan["resident"] == 0, plan
+    if cols in (1000, 1001):
+        assert plan["resident"] == (1 if staged else 0) and plan["straddle"] == cols % 2, plan
     elif dtype == "float32":  # on an H200 two (three) blocks of a cluster, 192 KiB each
         expect = resident_blocks(cols, 64 << 10, 8192)  # y and dy: 2 x 4 packs a thread a step
         assert (plan["resident"], plan["cluster"]) == (expect > 0, max(expect, 1)), (plan, expect)

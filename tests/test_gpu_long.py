@@ -6,8 +6,9 @@ On an H200 (227 KiB of stage a block, clusters of up to 8) a float32 forward row
 group of the grid's blocks; the grid holds rows whole up to 132 x 7 steps (7.5M columns), and
 past that each block streams the rest of its chunk twice. Backward steps (y and dy) are twice the
 bytes: a cluster holds 196608 columns, the grid 3.2M. 16-bit steps are 16384 columns. The shapes
-below sit on both sides of those lengths. Unaligned rows and masked rows are never staged, so they
-take the two-launch split instead; they are checked here at the same lengths.
+below sit on both sides of those lengths. Masked rows, and rows whose arrays start at different
+offsets inside the pack, are never staged, so they take the two-launch split instead; odd lengths
+whose arrays share their offsets straddle (rows_stream kStraddle). Both are checked here.
 """
 
 import numpy
@@ -87,15 +88,109 @@ def test_long_rows(rows, cols, dtype, direction):
         assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, what)
 
 
-@pytest.mark.parametrize("cols,dtype", [(458753, "float16"), (1048577, "bfloat16"), (16777217, "float32")])
-def test_long_unaligned_rows(cols, dtype):
-    """Odd lengths (every other row starts unaligned): element-wise, the two-launch split. (A
-    float16 row of 16M holds values near 6e-8, float16's smallest subnormal: float32 there.)"""
+# Straddling rows (hip/families.cuh, rows_stream kStraddle): odd lengths, whose rows start at every
+# offset inside the 16-byte pack, in vector packs over each row's aligned body. (rows, cols, dtype,
+# direction, algo): a row of 2^24 + 1 (one row: no stride), many rows a cluster holds, rows the
+# grid holds and streams, a vocabulary of 32001, float64, online's stream and naive_backward's.
+STRADDLING = [
+    (1, 16777217, "float32", "forward", "fused"),
+    (130, 131071, "float32", "forward", "fused"),
+    (3, 458753, "float16", "forward", "fused"),
+    (2, 1048577, "bfloat16", "forward", "fused"),
+    (65, 32001, "bfloat16", "forward", "fused"),
+    (5, 100003, "float64", "forward", "fused"),
+    (9, 65537, "float32", "forward", "online"),
+    (2, 1048577, "float16", "forward", "online"),
+    (7, 196613, "float32", "backward", "fused"),
+    (3, 1048581, "bfloat16", "backward", "fused"),
+    (65, 32001, "float16", "backward", "fused"),
+    (5, 100003, "float64", "backward", "fused"),
+    (9, 65537, "bfloat16", "backward", "naive"),
+]
+ALGOS = {"fused": 0, "online": 1, "naive": 2}
+
+
+def long_inputs(g, rows, cols, dtype, direction):
+    """Random logits (forward) or a softmax output and a gradient (backward), float64 and rounded.
+    (A float16 row of 16M holds values near 6e-8, float16's smallest subnormal: float32 there.)"""
+    if direction == "forward":
+        return (rounded(g.standard_normal((rows, cols)) * 3, dtype),)
+    return rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype), rounded(g.standard_normal((rows, cols)), dtype)
+
+
+def check_long(direction, algo, host, dev, out, dtype, what, **kw):
+    """Runs the op on `dev` into `out` and checks it against float64 (host)."""
+    if direction == "forward":
+        y = _ops.forward(dev[0], algo=ALGOS[algo], out=out, **kw)
+        assert_close(to_host64(y), ref_softmax(host[0]), dtype, what)
+    else:
+        dx = _ops.backward_impl(dev[0], dev[1], algo=ALGOS[algo], scale=0.7, out=out, **kw)
+        assert_grad_close(to_host64(dx), host[0], host[1], 0.7, dtype, what)
+
+
+@pytest.mark.parametrize("rows,cols,dtype,direction,algo", STRADDLING)
+def test_straddling_rows(rows, cols, dtype, direction, algo):
+    """Odd lengths in a contiguous array (row r starts r x cols elements in, at every offset in the
+    pack) straddle where their element-wise plan streams: the plan is the stream of the bodies,
+    pack - 1 columns shorter, and every column, the head before each body and the rest after it,
+    is written with the right value."""
     g = rng()
-    rows = 2 if cols < 10**7 else 1
-    x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
-    y = pysoftmax.fused(to_device(x64, dtype), out=poisoned((rows, cols), dtype))
-    assert_close(to_host64(y), ref_softmax(x64), dtype, f"{rows}x{cols} seed={g.seed}")
+    plan = _ops.plan((rows, cols), dtype, direction=direction, algo=algo)
+    assert plan["family"] == "stream" and plan["straddle"] == 1 and plan["pack"] > 1, plan
+    host = long_inputs(g, rows, cols, dtype, direction)
+    dev = [to_device(a, dtype) for a in host]
+    check_long(direction, algo, host, dev, poisoned((rows, cols), dtype), dtype,
+               f"{direction} {algo} {rows}x{cols} {dtype} {plan} seed={g.seed}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_straddling_views_split_and_repeatable(dtype, direction):
+    """Straddling rows of views one element into wider rows (every array at the same offset), with
+    the poison around them kept; written in place; split into chunks over two launches; on a grid
+    capped at one group or cluster that walks every row; and the same bits twice."""
+    g = rng()
+    rows, cols = 5, 70001
+    pack = 16 // (4 if dtype == "float32" else 2)
+    host = long_inputs(g, rows, cols, dtype, direction)
+    width = cols + 2 * pack
+    bufs = [to_device(numpy.pad(a, ((0, 0), (1, width - cols - 1))), dtype) for a in host]
+    views = [b[:, 1:1 + cols] for b in bufs]
+    out_buf = poisoned((rows, width), dtype)
+    out = out_buf[:, 1:1 + cols]
+    what = f"{direction} {dtype} {rows}x{cols}"
+    check_long(direction, "fused", host, views, out, dtype, f"views {what} seed={g.seed}")
+    rest = to_host64(out_buf)
+    assert numpy.isnan(rest[:, 0]).all() and numpy.isnan(rest[:, 1 + cols:]).all(), "written outside the view"
+    first = cupy.array(out)
+    for kw in (dict(chunks=3), dict(blocks=1), dict(family=3)):
+        check_long(direction, "fused", host, views, poisoned((rows, cols), dtype), dtype, f"{kw} {what} seed={g.seed}",
+                   **kw)
+    again = poisoned((rows, cols), dtype)
+    check_long(direction, "fused", host, views, again, dtype, f"again {what} seed={g.seed}")
+    assert bool((again.view(cupy.uint16) == first.view(cupy.uint16)).all()), "repeated calls differ"
+    if direction == "forward":  # in place: out is x
+        x = cupy.array(views[0])
+        assert pysoftmax.fused(x, out=x) is x
+        assert_close(to_host64(x), ref_softmax(host[0]), dtype, f"in place {what} seed={g.seed}")
+
+
+def test_straddling_offsets_that_differ_stay_element_wise():
+    """Arrays at different offsets inside the pack cannot share one shift: element-wise, right.
+    The fast path keys its plans on each array's offset: a view one element in with a fresh
+    (aligned) output, then the same values contiguous (straddling), alternately, each right."""
+    g = rng()
+    rows, cols = 3, 70001
+    x64 = rounded(g.standard_normal((rows, cols)) * 3, "float32")
+    buf = to_device(numpy.pad(x64, ((0, 0), (1, 7))), "float32")
+    x = buf[:, 1:1 + cols]
+    contiguous = to_device(x64, "float32")
+    assert _ops.plan((rows, cols), "float32", aligned="mixed")["straddle"] == 0
+    y = pysoftmax.fused(x, out=poisoned((rows, cols), "float32"))  # a fresh output: aligned, x is not
+    assert_close(to_host64(y), ref_softmax(x64), "float32", f"seed={g.seed}")
+    for _ in range(2):
+        for xin in (x, contiguous):
+            assert_close(to_host64(pysoftmax.fused(xin)), ref_softmax(x64), "float32", f"fast path seed={g.seed}")
 
 
 def test_long_rows_masked_and_causal():

@@ -130,3 +130,15 @@ for dtype in ("float32", "float16"):
              lambda: _ops.forward(x))
         step(f"grid stream backward {shape} {dtype}", lambda: _ops.backward_impl(x, x))
         del x
+    # Straddling rows (odd lengths, rows_stream kStraddle): each row's aligned body in vector packs
+    # and the pack - 1 columns around it an element a thread, in one block, a cluster, the grid,
+    # and the two-launch split; the last row's body ends one partial pack before the allocation.
+    for shape in ((40, 20001), (3, 70001), (2, 1048577)):
+        x = arr(shape, dtype)
+        plan = _ops.plan(x.shape, dtype, aligned=False)
+        step(f"straddling {shape} {dtype} (straddle={plan['straddle']} cluster={plan['cluster']} grid={plan['grid']})",
+             lambda: _ops.forward(x))
+        step(f"straddling backward {shape} {dtype}", lambda: _ops.backward_impl(x, x))
+        step(f"straddling online {shape} {dtype}", lambda: pysoftmax.online(x))
+        step(f"straddling split {shape} {dtype}", lambda: _ops.forward(x, chunks=3))
+        del x
