@@ -338,7 +338,7 @@ def test_plan_crosses_thresholds():
         above = _ops.plan((64, cols), dt, aligned=False)
         assert above["straddle"] == 1 and above["pack"] == pack and above["family"] == "stream", above
         assert _ops.plan((64, cols), dt, aligned="mixed")["straddle"] == 0
-        assert _ops.plan((64, cols), dt, aligned=False, family="block")["straddle"] == 0
+        assert _ops.plan((64, cols), dt, aligned=False, family="stream")["straddle"] == 1
     assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
     many = _ops.plan((4096, 1 << 18), "float32")  # many long rows: no split into two launches
     assert many["chunks"] == many["cluster"] and many["workspace"] == 0, many

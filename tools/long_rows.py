@@ -2,7 +2,8 @@
 torch._softmax_backward_data and both through torch.compile with static shapes) in GB/s and % of
 the copy bandwidth measured in the same run, one JSON line a shape and dtype (with the plans),
 timed by pysoftmax._bench.Timer (L2 flushed before each call, the median). ONLY=odd keeps the
-shapes of odd length (straddling rows). docs/NOTES.md §21 and §24 have its tables.
+shapes of odd length (straddling rows); SHAPES=RxC,... names others. docs/NOTES.md §21 and §24
+have its tables.
 
     PEERS=1 LABEL=after python3 tools/long_rows.py float32,bfloat16,float16 > long.jsonl
 """
@@ -18,6 +19,8 @@ SHAPES = [(2048, 131072), (4096, 262144), (256, 1048576), (64, 1048576), (8, 419
           (2048, 32001), (1024, 50257), (128, 524287)]
 if os.environ.get("ONLY") == "odd":
     SHAPES = [s for s in SHAPES if s[1] % 2]
+if os.environ.get("SHAPES"):  # e.g. SHAPES=33521x1001,16377x2049
+    SHAPES = [tuple(int(n) for n in s.split("x")) for s in os.environ["SHAPES"].split(",")]
 DT = sys.argv[1].split(",") if len(sys.argv) > 1 else ["float32", "bfloat16", "float16"]
 label = os.environ.get("LABEL", "new")
 peers = os.environ.get("PEERS") == "1"
