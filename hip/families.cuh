@@ -389,6 +389,11 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     const int head = head_of(whole_row);
     const typename Op::Row w = shifted(whole_row, head);
     const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
+    // kStraddle: the thread's column outside the body, read before the row's passes so that its
+    // latency hides behind them (read after each pass, it cost short rows of two reads 15-20%;
+    // NOTES §24) and held through both.
+    Item beside[1];
+    if (adds_outside) op.template load<1, 1>(w, outside(head), true, beside);
     // Steps that start at or past a causal limit add nothing to the statistics and their results
     // are zeros: neither pass computes them, they are only written (docs/TUNING.md,
     // "rows_stream stop (hip/families.cuh)").
@@ -408,11 +413,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     if (phase != kStreamApply) {
       Stat st = Op::stat_init();
       pass(w, begin, end, stop, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, nullptr, true);
-      if (adds_outside) {
-        Item v[1];
-        op.template load<1, 1>(w, outside(head), true, v);
-        op.template accumulate<1>(st, v);
-      }
+      if (adds_outside) op.template accumulate<1>(st, beside);
       if constexpr (kEarly) {
         const bool refills = b + gridDim.x < nblocks;  // a shared row is resident
         if (refills) next = next_row();
@@ -477,10 +478,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     }
     pass(w, begin, end, stop, apply_store, refills ? &next : nullptr, false, kEarly ? 1 : 0);
     if (adds_outside) {
-      Item v[1];
-      op.template load<1, 1>(w, outside(head), true, v);
-      op.template apply<1>(v, fin);
-      op.template store<1, 1>(w, outside(head), v);
+      op.template apply<1>(beside, fin);
+      op.template store<1, 1>(w, outside(head), beside);
     }
     for (int64_t base = begin; base < end; base += stride) {
       if (base < stop) continue;
