@@ -100,10 +100,6 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // ---------------------------------------------------------------------------------------------
 // The device the launch runs on: looked up once per device and cached.
 
-// Which unaligned rows plan_straddling takes: none, those the element-wise plan streams, or also
-// those it holds in rows_block (tuning: PYSOFTMAX_STRADDLE, read once a device).
-enum StraddleRows { kStraddleNone = 0, kStraddleStreamed = 1, kStraddleBlocks = 2 };
-
 struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
@@ -112,7 +108,7 @@ struct DeviceInfo {
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
-  int straddle = kStraddleStreamed;      // which rows straddle (plan_straddling; PYSOFTMAX_STRADDLE)
+  bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -164,11 +160,9 @@ inline int device_info(DeviceInfo* out) {
         if (*c == '0' + kOddPacks[i]) info.odd_packs_allowed |= 1 << i;
     }
   }
-  // PYSOFTMAX_STRADDLE, read once a device: "0" no row straddles, "1" the streamed ones (the
-  // default), "2" also those of rows_block (tuning; docs/TUNING.md, "plan_straddling").
-  if (const char* sd = getenv("PYSOFTMAX_STRADDLE")) {
-    if (sd[0] >= '0' && sd[0] <= '2' && !sd[1]) info.straddle = sd[0] - '0';
-  }
+  // PYSOFTMAX_STRADDLE, read once a device: "0" no row straddles (tuning and measurement;
+  // docs/TUNING.md, "plan_straddling").
+  if (const char* sd = getenv("PYSOFTMAX_STRADDLE")) info.straddle = !(sd[0] == '0' && !sd[1]);
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
   *out = info;
@@ -729,14 +723,17 @@ template <typename T> bool same_pack_offsets(int64_t rows, const void* const* pt
 // packs, staged and held on chip as aligned rows are (`on_chip`, as the caller's plan), replaces
 // it; rows_stream adds the pack - 1 columns around each body one element a thread. *body_cols
 // is then the bodies' length, which the op's cols must be. Rows that a register family holds keep
-// the element-wise plan (dev.straddle: rows_block's too, for tuning). False: `plan` stands.
+// the element-wise plan, and so do the wider rows of a stream that holds nothing on chip
+// (naive_backward, kOffChip): 4-byte elements read one by one coalesce nearly as well, and there
+// the staged steps, read twice, were slower; 16-bit rows gained (docs/TUNING.md, "plan_straddling").
+// False: `plan` stands.
 template <typename Op>
 bool plan_straddling(int64_t rows, int64_t cols, int64_t chunks, int threads, int on_chip, bool may_straddle,
                      const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
   constexpr int kVec = vec_pack<typename Op::Storage>();
-  const bool takes = plan->family == SOFTMAX_FAMILY_STREAM ? dev.straddle >= kStraddleStreamed
-                   : plan->family == SOFTMAX_FAMILY_BLOCK && dev.straddle >= kStraddleBlocks;
-  if (!Op::kStraddles || !may_straddle || !takes || plan->pack != 1 || cols < 2 * kVec) return false;
+  if (!Op::kStraddles || !may_straddle || !dev.straddle || plan->family != SOFTMAX_FAMILY_STREAM ||
+      (on_chip == kOffChip && sizeof(typename Op::Storage) != 2) || plan->pack != 1 || cols < 2 * kVec)
+    return false;
   const int64_t body = cols - (kVec - 1);
   Plan p;
   if (!plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip)) return false;

@@ -339,6 +339,8 @@ def test_plan_crosses_thresholds():
         assert above["straddle"] == 1 and above["pack"] == pack and above["family"] == "stream", above
         assert _ops.plan((64, cols), dt, aligned="mixed")["straddle"] == 0
         assert _ops.plan((64, cols), dt, aligned=False, family="stream")["straddle"] == 1
+        naive = _ops.plan((64, cols), dt, aligned=False, direction="backward", algo="naive")
+        assert naive["straddle"] == (dt == "bfloat16"), naive  # two reads off chip: 16-bit rows straddle
     assert _ops.plan((1, 1 << 24), "float32")["chunks"] > 1  # one long row is split
     many = _ops.plan((4096, 1 << 18), "float32")  # many long rows: no split into two launches
     assert many["chunks"] == many["cluster"] and many["workspace"] == 0, many

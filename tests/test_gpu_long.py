@@ -91,7 +91,8 @@ def test_long_rows(rows, cols, dtype, direction):
 # Straddling rows (hip/families.cuh, rows_stream kStraddle): odd lengths, whose rows start at every
 # offset inside the 16-byte pack, in vector packs over each row's aligned body. (rows, cols, dtype,
 # direction, algo): a row of 2^24 + 1 (one row: no stride), many rows a cluster holds, rows the
-# grid holds and streams, a vocabulary of 32001, float64, online's stream and naive_backward's.
+# grid holds and streams, a vocabulary of 32001, float64, online's stream, and naive_backward's
+# (16-bit only: its wider rows stay element-wise, test_gpu_forward.py's plan thresholds).
 STRADDLING = [
     (1, 16777217, "float32", "forward", "fused"),
     (130, 131071, "float32", "forward", "fused"),

@@ -3,7 +3,8 @@
 // every operation, vector and element-wise packs, automatic and forced families, requested block
 // sizes, and the shared memory and cluster support of H100/H200, A100, sm_86/sm_89 and sm_120 GPUs.
 // Also checks the row divisor of kernels.cuh against plain division. Prints one line per violated
-// invariant and "plans=P violations=N" last (P counts the divisions too); built and run by
+// invariant and "plans=P violations=N" last (P counts the divisions too); plan_straddling's choice
+// and plans for rows of odd length (rows_stream kStraddle); built and run by
 // tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
 #include <stdio.h>
 
@@ -127,6 +128,43 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
         }
 }
 
+// plan_straddling over the element-wise plans of the stream's users (fused's automatic plan,
+// online's and naive_backward's streams): it takes exactly the streamed rows of unmasked ops,
+// naive_backward's (kOffChip) in 16-bit only, and gives a vector stream that covers the body.
+template <typename Op> void check_straddling(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  DeviceInfo dev;
+  dev.sms = 132;
+  dev.warp = 32;
+  dev.stage_bytes = stage_bytes - kStaticSharedBytes;
+  dev.max_cluster = max_cluster;
+  dev.cooperative = true; dev.l2_bytes = 50 << 20;
+  for (int on_chip : {kOnGrid, kOnCluster, kOffChip})
+    for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 70000 ? 997 : 49999)
+      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
+        Plan p;
+        const int family = on_chip == kOnGrid ? SOFTMAX_FAMILY_AUTO : SOFTMAX_FAMILY_STREAM;
+        if (!plan_rows<Op>(rows, cols, 1, family, 0, 0, dev, &p, on_chip)) continue;
+        const Plan element_wise = p;
+        int64_t body = 0;
+        ++plans;
+        const bool took = plan_straddling<Op>(rows, cols, 0, 0, on_chip, true, dev, &p, &body);
+        const bool expect = Op::kStraddles && element_wise.family == SOFTMAX_FAMILY_STREAM && cols >= 2 * kVec &&
+                            (on_chip != kOffChip || sizeof(T) == 2);
+        if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
+        if (!took) continue;
+        if (!p.straddle || p.pack != kVec || p.family != SOFTMAX_FAMILY_STREAM || body != cols - (kVec - 1) ||
+            p.chunks < 1 || p.chunk_cols * p.chunks < body || (p.resident && on_chip == kOffChip))
+          report(op, "straddling plan malformed", family, 1, 0, cols, p);
+        Plan off = element_wise;
+        DeviceInfo none = dev;
+        none.straddle = false;
+        if (plan_straddling<Op>(rows, cols, 0, 0, on_chip, true, none, &off, &body))
+          report(op, "straddles with PYSOFTMAX_STRADDLE=0", family, 1, 0, cols, off);
+      }
+}
+
 template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
   char op[64];
   snprintf(op, sizeof op, "forward %s", name);
@@ -139,6 +177,12 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "backward %s", name);
   check<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "straddling forward %s", name);
+  check_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "straddling forward+bool mask %s", name);
+  check_straddling<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "straddling backward %s", name);
+  check_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
 }
 
 // The row divisor's multiply-and-shift quotient (kernels.cuh) against the hardware's, for every
