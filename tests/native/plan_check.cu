@@ -28,14 +28,20 @@ static void report(const char* op, const char* what, int family, int pack, int t
            static_cast<long long>(p.stage), p.resident ? 1 : 0);
 }
 
-template <typename Op> void check(const char* op, int64_t stage_bytes, int max_cluster) {
-  using T = typename Op::Storage;
+// An H200-like device of the given shared memory and cluster support.
+static DeviceInfo described(int64_t stage_bytes, int max_cluster) {
   DeviceInfo dev;
   dev.sms = 132;
   dev.warp = 32;
   dev.stage_bytes = stage_bytes - kStaticSharedBytes;
   dev.max_cluster = max_cluster;
   dev.cooperative = true; dev.l2_bytes = 50 << 20;  // every GPU listed in main() launches cooperative grids
+  return dev;
+}
+
+template <typename Op> void check(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  const DeviceInfo dev = described(stage_bytes, max_cluster);
   for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
@@ -134,12 +140,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
 template <typename Op> void check_straddling(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
-  DeviceInfo dev;
-  dev.sms = 132;
-  dev.warp = 32;
-  dev.stage_bytes = stage_bytes - kStaticSharedBytes;
-  dev.max_cluster = max_cluster;
-  dev.cooperative = true; dev.l2_bytes = 50 << 20;
+  const DeviceInfo dev = described(stage_bytes, max_cluster);
   for (int on_chip : {kOnGrid, kOnCluster, kOffChip})
     for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 70000 ? 997 : 49999)
       for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
