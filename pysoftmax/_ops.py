@@ -718,12 +718,16 @@ def plan(shape, dtype, *, direction="forward", algo="fused", family="auto", chun
     p.dtype = _DTYPES[numpy.dtype(dtype).name]
     p.rows, p.cols = rows, cols
     p.scale = 1.0  # a scale the forward folds into its exponent, as fused() passes by default
-    if aligned not in (True, False, "mixed"):
-        raise ValueError(f"aligned: {aligned!r} (expected True, False or 'mixed')")
+    item = numpy.dtype(dtype).itemsize
+    if isinstance(aligned, str):
+        if aligned != "mixed":
+            raise ValueError(f"aligned: {aligned!r} (expected True, False or 'mixed')")
+        off, out_off = item, 0
+    else:
+        off = out_off = 0 if aligned else item
     base = 1 << 20  # never dereferenced: only alignment is read
-    off = 0 if aligned is True else numpy.dtype(dtype).itemsize
     p.x = p.dy = base + off
-    p.out = base if aligned == "mixed" else base + off
+    p.out = base + out_off
     p.x_row_stride = p.dy_row_stride = p.out_row_stride = cols
     p.family = {"auto": _lib.FAMILY_AUTO, "warp": _lib.FAMILY_WARP, "block": _lib.FAMILY_BLOCK,
                 "stream": _lib.FAMILY_STREAM}[family]
