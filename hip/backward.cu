@@ -25,8 +25,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
                    vector_rows<T>(p.out, p.out_row_stride);
   const void* const ptrs[] = {p.x, p.dy, p.out};
   const int64_t strides[] = {p.x_row_stride, p.dy_row_stride, p.out_row_stride};
-  const bool straddles = !vec && (p.family == SOFTMAX_FAMILY_AUTO || p.family == SOFTMAX_FAMILY_STREAM) &&
-                         same_pack_offsets<T>(p.rows, ptrs, strides, 3);
+  const bool straddles = same_pack_offsets<T>(p.rows, ptrs, strides, 3);
   DeviceInfo dev;
   int st = device_info(&dev);
   if (st != SOFTMAX_OK) return st;
@@ -48,7 +47,8 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }
   int64_t body_cols = 0;
-  if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.chunks, p.threads, on_chip, straddles, dev, &plan, &body_cols))
+  if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, straddles, dev, &plan,
+                                     &body_cols))
     op.cols = body_cols;
   cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));

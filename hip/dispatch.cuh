@@ -704,7 +704,7 @@ template <typename T> bool vector_rows(const void* ptr, int64_t stride) {
   return aligned(ptr, kPackBytes) && (stride * static_cast<int64_t>(sizeof(T))) % kPackBytes == 0;
 }
 
-// Whether rows of T that are not vector rows may straddle (rows_stream kStraddle): every array
+// Whether rows of T may straddle (rows_stream kStraddle) where they are not vector rows: every array
 // starts each row at the same offset inside its pack (a contiguous array of an odd width, and
 // views one element into rows of one width), so that one shift aligns the row in all of them.
 // `ptrs` and `strides` (elements between rows) name the n arrays; one row has no stride to agree on.
@@ -726,12 +726,14 @@ template <typename T> bool same_pack_offsets(int64_t rows, const void* const* pt
 // the element-wise plan, and so do the wider rows of a stream that holds nothing on chip
 // (naive_backward, kOffChip): 4-byte elements read one by one coalesce nearly as well, and there
 // the staged steps, read twice, were slower; 16-bit rows gained (docs/TUNING.md, "plan_straddling").
+// A requested register family (`family`) is a request for its kernels: such rows keep them.
 // False: `plan` stands.
 template <typename Op>
-bool plan_straddling(int64_t rows, int64_t cols, int64_t chunks, int threads, int on_chip, bool may_straddle,
-                     const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
+bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int threads, int on_chip,
+                     bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
   constexpr int kVec = vec_pack<typename Op::Storage>();
   if (!Op::kStraddles || !may_straddle || !dev.straddle || plan->family != SOFTMAX_FAMILY_STREAM ||
+      (family != SOFTMAX_FAMILY_AUTO && family != SOFTMAX_FAMILY_STREAM) ||
       (on_chip == kOffChip && sizeof(typename Op::Storage) != 2) || plan->pack != 1 || cols < 2 * kVec)
     return false;
   const int64_t body = cols - (kVec - 1);

@@ -390,8 +390,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     const typename Op::Row w = shifted(whole_row, head);
     const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
     // kStraddle: the thread's column outside the body, read before the row's passes so that its
-    // latency hides behind them (read after each pass, it cost short rows of two reads 15-20%;
-    // NOTES §24) and held through both.
+    // latency hides behind them, and held through both.
     Item beside[1];
     if (adds_outside) op.template load<1, 1>(w, outside(head), true, beside);
     // Steps that start at or past a causal limit add nothing to the statistics and their results

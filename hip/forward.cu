@@ -47,9 +47,7 @@ int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec, bool
   *vec = vector_rows<T>(p.x, p.x_row_stride) && vector_rows<T>(p.out, p.out_row_stride);
   const void* const ptrs[] = {p.x, p.out};
   const int64_t strides[] = {p.x_row_stride, p.out_row_stride};
-  // (A requested register family is a request for its kernels: such rows keep them.)
-  *straddles = !*vec && (p.family == SOFTMAX_FAMILY_AUTO || p.family == SOFTMAX_FAMILY_STREAM) &&
-               same_pack_offsets<T>(p.rows, ptrs, strides, 2);
+  *straddles = same_pack_offsets<T>(p.rows, ptrs, strides, 2);
   // rows_warp's walk: causal queries below 2^31 and (below) a mask of at most two row dims, the
   // inner one below 2^31. No mask: an inner dim of 1, which never wraps.
   constexpr int64_t kWalkMax = INT32_MAX;
@@ -131,7 +129,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
   int64_t body_cols = 0;
-  if (plan_straddling<Op>(p.rows, p.cols, p.chunks, p.threads, on_chip, straddles, dev, &plan, &body_cols))
+  if (plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, straddles, dev, &plan, &body_cols))
     op.cols = body_cols;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps

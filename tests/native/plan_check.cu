@@ -150,7 +150,7 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
         const Plan element_wise = p;
         int64_t body = 0;
         ++plans;
-        const bool took = plan_straddling<Op>(rows, cols, 0, 0, on_chip, true, dev, &p, &body);
+        const bool took = plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, true, dev, &p, &body);
         const bool expect = Op::kStraddles && element_wise.family == SOFTMAX_FAMILY_STREAM && cols >= 2 * kVec &&
                             (on_chip != kOffChip || sizeof(T) == 2);
         if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
@@ -161,8 +161,11 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
         Plan off = element_wise;
         DeviceInfo none = dev;
         none.straddle = false;
-        if (plan_straddling<Op>(rows, cols, 0, 0, on_chip, true, none, &off, &body))
+        if (plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, true, none, &off, &body))
           report(op, "straddles with PYSOFTMAX_STRADDLE=0", family, 1, 0, cols, off);
+        off = element_wise;
+        if (plan_straddling<Op>(rows, cols, SOFTMAX_FAMILY_BLOCK, 0, 0, on_chip, true, dev, &off, &body))
+          report(op, "straddles where a register family was asked for", family, 1, 0, cols, off);
       }
 }
 
