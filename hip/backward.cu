@@ -36,11 +36,15 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
     if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
+    plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, straddles && dense_rows(p, true), dev, &plan);
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
-    // Short rows in groups of lanes, unless a chunk count or block size asks for the stream.
+    // Short rows in groups of lanes (vector rows up to kNaiveBackwardGroupSteps steps of a full
+    // group, element-wise ones one), unless a chunk count or block size asks for the stream.
     on_chip = kOffChip;
-    if ((p.chunks || p.threads || !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
+    if ((p.chunks || p.threads ||
+         !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan,
+                                     pack > 1 ? kNaiveBackwardGroupSteps : 1)) &&
         !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, on_chip))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
   } else {
@@ -57,6 +61,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  if (plan.family == kTileFamily) return launch_tile(op, p.rows, plan, stream);
   if (plan.family == kPassesFamily) return launch_passes<BackwardOp<T>, 2, true, false>(op, p.rows, plan, stream);
   return launch_plan(op, p.rows, plan, stream, p.workspace);
 }

@@ -56,6 +56,14 @@ template <typename T> struct BackwardOp {
   __device__ __forceinline__ int head(const Row& w) const { return pack_head(w.y); }
   __device__ __forceinline__ Row shift(const Row& w, int head) const { return {w.y + head, w.dy + head, w.dx + head}; }
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
+  // rows_tile: row r's start in y (k 0), dy (k 1) and dx, and row w read from the stage's copies
+  // of y and dy (at: the row's first element there), its results written over y's.
+  __device__ __forceinline__ const T* input_at(int k, int64_t r) const { return k ? dy + r * dy_stride : y + r * y_stride; }
+  __device__ __forceinline__ T* output_at(int64_t r) const { return dx + r * dx_stride; }
+  __device__ __forceinline__ Row in_stage(const Row&, T* const* copies, int64_t at) const {
+    return {copies[0] + at, copies[1] + at, copies[0] + at};
+  }
+
   __device__ __forceinline__ SumOp merge() const { return {}; }
 
   template <int kPack, int kPacks, typename S>

@@ -100,6 +100,12 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // ---------------------------------------------------------------------------------------------
 // The device the launch runs on: looked up once per device and cached.
 
+// rows_tile's stage a block (two buffers): a few blocks an SM, each with a tile in flight while
+// it works the one before (plan_tile).
+constexpr int64_t kTileBytes = 64 << 10;
+// rows_tile takes 16-bit backward rows of up to this many columns (plan_tile).
+constexpr int64_t kTileMaxCols = 128;
+
 struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
@@ -109,6 +115,9 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
   bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
+  int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
+  int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
+  int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -163,6 +172,12 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_STRADDLE, read once a device: "0" no row straddles (tuning and measurement;
   // docs/TUNING.md, "plan_straddling").
   if (const char* sd = getenv("PYSOFTMAX_STRADDLE")) info.straddle = !(sd[0] == '0' && !sd[1]);
+  if (const char* pc = getenv("PYSOFTMAX_PASSES_COLS")) info.passes_cols = atoll(pc);
+  // PYSOFTMAX_TILE_BYTES, read once a device: rows_tile's stage a block ("0": never; tuning and
+  // measurement; docs/TUNING.md, "plan_tile").
+  if (const char* tb = getenv("PYSOFTMAX_TILE_BYTES")) info.tile_bytes = atoll(tb);
+  if (const char* tc = getenv("PYSOFTMAX_TILE_COLS")) info.tile_cols = atoll(tc);
+  if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
   *out = info;
@@ -183,8 +198,10 @@ struct Plan {
   int held = 0;           // rows_stream, resident: steps of a chunk held in the stage (grid: the rest stream)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
+  int tile = 0;           // rows_tile: rows a block stages at a time; its group is `group` lanes (0: the block)
 };
 constexpr int kPassesFamily = 100;
+constexpr int kTileFamily = 101;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -463,14 +480,20 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   return false;
 }
 
+// naive_backward's groups take vector rows of up to two steps of a full group (rows of 1024
+// columns in float32 and 16-bit), where they ran 4-7 points of copy faster than the stream's
+// narrow blocks; past that, and for online and naive, more steps were slower (docs/TUNING.md,
+// "rows_passes"). Element-wise rows keep one step (not measured).
+constexpr int kNaiveBackwardGroupSteps = 2;
+
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step), several rows a block of
-// kBlockTargetThreads, where the row takes at most `max_group` lanes; else one block a row, as
-// wide as the row needs up to kStreamThreads (group 0). False where the row is longer than
-// max_group lanes and `block` is false: the caller streams it instead.
+// kBlockTargetThreads, where the row takes at most `max_group` lanes `steps` times; else one
+// block a row, as wide as the row needs up to kStreamThreads (group 0). False where the row is
+// longer and `block` is false: the caller streams it instead.
 template <typename Op>
 bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group, bool block, const DeviceInfo& dev,
-                 Plan* out) {
+                 Plan* out, int steps = 1) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
   const int64_t packs = ceil_div(cols, pack);
@@ -479,9 +502,9 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   p.family = kPassesFamily;
   p.pack = pack;
   p.passes = passes;
-  if (lanes <= max_group) {
+  if (lanes <= int64_t{max_group} * steps || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
-    p.group = next_pow2(lanes);
+    p.group = static_cast<int>(std::min<int64_t>(next_pow2(lanes), max_group));
     p.threads = kBlockTargetThreads;
     p.blocks = walking_grid(ceil_div(rows, p.threads / p.group), dev);
   } else if (block) {
@@ -513,14 +536,14 @@ inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_byt
 
 inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t len) {
   static const char* names[] = {"auto", "warp", "block", "stream"};
-  const char* name = p.family == kPassesFamily ? "passes" : names[p.family];
+  const char* name = p.family == kPassesFamily ? "passes" : p.family == kTileFamily ? "tile" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d straddle=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d straddle=%d tile=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
            static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes,
-           p.straddle ? 1 : 0);
+           p.straddle ? 1 : 0, p.tile);
   return SOFTMAX_OK;
 }
 
@@ -718,6 +741,13 @@ template <typename T> bool same_pack_offsets(int64_t rows, const void* const* pt
   return true;
 }
 
+// Whether every array of the problem is dense: each row right after the one before (rows_tile
+// copies the rows' range whole, gaps between rows included, and writes it back so).
+inline bool dense_rows(const softmax_problem_t& p, bool with_dy) {
+  const bool dy = !with_dy || p.dy_row_stride == p.cols;
+  return p.rows == 1 || (p.x_row_stride == p.cols && p.out_row_stride == p.cols && dy);
+}
+
 // Straddling rows: where the element-wise plan `plan` streams rows that may straddle
 // (same_pack_offsets), the stream of their aligned bodies, cols - (pack - 1) columns of vector
 // packs, staged and held on chip as aligned rows are (`on_chip`, as the caller's plan), replaces
@@ -743,6 +773,61 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
   *plan = p;
   *body_cols = body;
   return true;
+}
+
+// Tiled rows: where the fused backward's register family would read dense rows element by
+// element (an odd width, each row at another offset inside the pack) and every array shares that
+// offset (`may_tile`: same_pack_offsets, and every row stride equal to cols), rows_tile replaces
+// the plan for 16-bit rows of up to kTileMaxCols columns: there it measured faster, elsewhere
+// slower than the element-wise kernels (docs/TUNING.md, "plan_tile"). Its block stages
+// dev.tile_bytes, two buffers of consecutive rows as the aligned packs that cover them, and works
+// each row from shared memory: a group of lanes a row (as few as hold it in one step, at most
+// kMaxGroup, which then take several), several groups a block; the block a row where the stage
+// cannot hold a row for each group. A requested family is a request for its kernels: such rows
+// keep them. dev.tile_cols (PYSOFTMAX_TILE_COLS) widens the rule to every dtype up to that many
+// columns, for measurement. False: `plan` stands.
+template <typename Op>
+bool plan_tile(int64_t rows, int64_t cols, int family, bool may_tile, const DeviceInfo& dev, Plan* plan) {
+  using T = typename Op::Storage;
+  const bool wanted = dev.tile_cols > 0 ? cols <= dev.tile_cols : sizeof(T) == 2 && cols <= kTileMaxCols;
+  if (!wanted || !may_tile || dev.tile_bytes <= 0 || family != SOFTMAX_FAMILY_AUTO || plan->pack != 1 ||
+      (plan->family != SOFTMAX_FAMILY_WARP && plan->family != SOFTMAX_FAMILY_BLOCK))
+    return false;
+  const auto stage_of = [&](int64_t tile_rows) {  // two buffers
+    return 2 * Op::kInputs * tile_packs<T>(tile_rows, cols) * kPackBytes;
+  };
+  Plan p;
+  p.family = kTileFamily;
+  p.pack = 1;
+  p.packs = tile_unroll<Op>();
+  p.threads = kTileThreads;
+  const int group = next_pow2(std::min<int64_t>(ceil_div(cols, tile_unroll<Op>()), kMaxGroup));
+  const int64_t groups = kTileThreads / group;
+  const int64_t budget = std::min<int64_t>(dev.tile_bytes, dev.stage_bytes);
+  if (stage_of(groups) <= dev.stage_bytes) {
+    p.group = group;
+    p.tile = static_cast<int>(groups * std::max<int64_t>(1, budget / stage_of(groups)));
+  } else if (stage_of(1) <= dev.stage_bytes) {
+    p.group = 0;
+    p.tile = static_cast<int>(std::max<int64_t>(1, budget / stage_of(1)));
+  } else {
+    return false;
+  }
+  p.tile = static_cast<int>(std::min<int64_t>(p.tile, rows));
+  p.stage = stage_of(p.tile);
+  // As many blocks as the SM's shared memory holds at once, walking the tiles.
+  const int64_t sm_shared = dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock;
+  const int64_t per_sm = std::max<int64_t>(1, sm_shared / (p.stage + kStaticSharedBytes + kSharedReservedPerBlock));
+  p.blocks = std::min<int64_t>(ceil_div(rows, p.tile), int64_t{dev.sms} * std::min<int64_t>(per_sm, kMaxBlocksPerSm));
+  *plan = p;
+  return true;
+}
+
+// rows_tile for the plan's group (0: the block a row).
+template <typename Op>
+int launch_tile(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
+  if (p.group == 0) return launch(rows_tile<Op, true>, "rows_tile", p, s, op, rows, 0, p.tile);
+  return launch(rows_tile<Op, false>, "rows_tile", p, s, op, rows, p.group, p.tile);
 }
 
 // Common checks of a problem; direction-specific ones stay with the direction.

@@ -576,3 +576,135 @@ void rows_passes(const Op op, int64_t rows, int group) {
     });
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// rows_tile: dense rows that vector packs cannot address row by row (an odd width: each row starts
+// at another offset inside the 16-byte pack). The arrays are read and written as flat ranges
+// instead. A block takes `tile_rows` consecutive rows at a time and copies each input's range into
+// one of its stage's two buffers as the aligned packs that cover it (asynchronously where the
+// platform can, the next tile's copies in flight while the current one is worked); the partial
+// packs at the range's two ends go element by element, so nothing outside the range is touched.
+// Each row is then worked from shared memory, element by element (shared memory takes any
+// alignment), by a group of `group` lanes (kBlockRow: the whole block, a row at a time): where one
+// step of the group covers the row, in registers (the op's finish); else the op's statistic in one
+// sweep and the results in a second, both over the buffer. The results overwrite the first
+// input's copy, which leaves as aligned packs.
+// Contract (plan_tile): every array dense (a row's stride is cols) and at the same offset inside
+// the pack, so that one layout serves every array; each buffer holds Op::kInputs copies of
+// tile_packs(tile_rows, cols) packs.
+constexpr int kTileThreads = 256;
+// Items a lane takes a step: kRowRegisters widened values (a backward item holds two).
+template <typename Op> constexpr int tile_unroll() {
+  return kRowRegisters / (Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
+}
+// Packs of one array's copy: the range of `rows` rows and the partial pack before it.
+template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t rows, int64_t cols) {
+  return (vec_pack<T>() - 1 + rows * cols + vec_pack<T>() - 1) / vec_pack<T>();
+}
+
+template <typename Op, bool kBlockRow>
+__global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t rows, int group, int tile_rows) {
+  using T = typename Op::Storage;
+  using C = typename Op::C;
+  using Item = typename Op::Item;
+  using Stat = typename Op::Stat;
+  constexpr int kPack = vec_pack<T>();
+  constexpr int kUnroll = tile_unroll<Op>();
+  extern __shared__ uint4 tile_stage[];
+  __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
+  __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
+  const int width = kBlockRow ? static_cast<int>(blockDim.x) : group;
+  const int lane = kBlockRow ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % group;
+  const int groups = kBlockRow ? 1 : static_cast<int>(blockDim.x) / group;
+  const int mine = kBlockRow ? 0 : static_cast<int>(threadIdx.x) / group;
+  const int64_t cols = op.cols;
+  const int64_t buffer_packs = Op::kInputs * tile_packs<T>(tile_rows, cols);
+  const int64_t tile_stride = int64_t{gridDim.x} * tile_rows;
+  auto copy_of = [&](int buffer, int k) {
+    return reinterpret_cast<T*>(tile_stage + buffer * buffer_packs + k * tile_packs<T>(tile_rows, cols));
+  };
+  // Tile t0's range in every array starts `head` elements past a pack boundary (the contract):
+  // element e of a copy is element e - head of the range.
+  auto head_of = [&](int64_t t0) {
+    return static_cast<int>(reinterpret_cast<uintptr_t>(op.input_at(0, t0)) % kPackBytes) / static_cast<int>(sizeof(T));
+  };
+  auto end_of = [&](int64_t t0) { return head_of(t0) + static_cast<int>(min(int64_t{tile_rows}, rows - t0) * cols); };
+  auto fetch = [&](int64_t t0, int buffer) {  // starts the copies of tile t0 into `buffer`
+    if (t0 < rows) {
+      const int head = head_of(t0), end = end_of(t0);
+#pragma unroll
+      for (int k = 0; k < Op::kInputs; ++k) {
+        const T* src = op.input_at(k, t0) - head;  // a pack boundary: only [head, end) of it is read
+        T* dst = copy_of(buffer, k);
+        for (int e = static_cast<int>(threadIdx.x) * kPack; e < end; e += static_cast<int>(blockDim.x) * kPack) {
+          if (e >= head && e + kPack <= end) {
+            copy_async_16(dst + e, src + e);
+          } else {
+            for (int i = max(e, head); i < min(e + kPack, end); ++i) dst[i] = src[i];
+          }
+        }
+      }
+    }
+    copy_async_commit();  // a group every call, empty or not: the waits below count them
+  };
+  auto reduce = [&](auto v, auto rop, auto* scratch) {
+    if constexpr (kBlockRow) {
+      return block_all_reduce(v, rop, scratch);
+    } else {  // the group's lanes are aligned inside kMaxGroup lanes, so xor stays in the group
+      for (int m = group / 2; m > 0; m /= 2) v = rop(v, shfl_xor_value(v, m, kMaxGroup));
+      return v;
+    }
+  };
+  const int64_t step_cols = int64_t{width} * kUnroll;
+  int buffer = 0;
+  fetch(int64_t{blockIdx.x} * tile_rows, 0);
+  for (int64_t t0 = int64_t{blockIdx.x} * tile_rows; t0 < rows; t0 += tile_stride, buffer ^= 1) {
+    fetch(t0 + tile_stride, buffer ^ 1);  // the other buffer left with the tile before this one
+    copy_async_wait_group(1);             // this thread's copies of tile t0 have landed
+    __syncthreads();                      // and every thread's
+    const int n = static_cast<int>(min(int64_t{tile_rows}, rows - t0));
+    const int head = head_of(t0), end = end_of(t0);
+    T* copies[Op::kInputs];
+#pragma unroll
+    for (int k = 0; k < Op::kInputs; ++k) copies[k] = copy_of(buffer, k);
+    for (int i0 = 0; i0 < n; i0 += groups) {  // the same trips in every lane: the groups' shuffles need the warp
+      const int i = i0 + mine;
+      const bool live = i < n;
+      const int64_t at = head + int64_t{live ? i : 0} * cols;
+      const typename Op::Row w = op.in_stage(op.row(t0 + (live ? i : 0)), copies, at);
+      if (cols <= step_cols) {
+        const Span span{0, lane, width, cols};
+        Item v[kUnroll];
+        op.template load<1, kUnroll>(w, span, live, v);
+        op.template finish<kUnroll>(v, [&](auto x, auto rop) { return reduce(x, rop, value_scratch); });
+        if (live) op.template store<1, kUnroll>(w, span, v);
+      } else {
+        Stat st = Op::stat_init();
+        for (int64_t base = 0; base < cols; base += step_cols) {
+          const Span span{base, lane, width, cols};
+          Item v[kUnroll];
+          op.template load<1, kUnroll>(w, span, live, v);
+          op.template accumulate<kUnroll>(st, v);
+        }
+        const auto fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
+        for (int64_t base = 0; base < cols; base += step_cols) {
+          const Span span{base, lane, width, cols};
+          Item v[kUnroll];
+          op.template load<1, kUnroll>(w, span, live, v);
+          op.template apply<kUnroll>(v, fin);
+          if (live) op.template store<1, kUnroll>(w, span, v);
+        }
+      }
+    }
+    __syncthreads();
+    T* dst = op.output_at(t0) - head;
+    for (int e = static_cast<int>(threadIdx.x) * kPack; e < end; e += static_cast<int>(blockDim.x) * kPack) {
+      if (e >= head && e + kPack <= end) {
+        store_16(dst + e, *reinterpret_cast<const uint4*>(copies[0] + e));
+      } else {
+        for (int i = max(e, head); i < min(e + kPack, end); ++i) dst[i] = copies[0][i];
+      }
+    }
+    __syncthreads();  // the buffer is read out before the next trip's copies go into it
+  }
+}

@@ -114,7 +114,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       // size, take the stream.
       const int64_t stream_lanes =
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
-      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp;
+      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || p.cols <= dev.passes_cols;
       on_chip = kOnCluster;
       if (Op::kMasked || p.chunks || p.threads || !groups ||
           !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))

@@ -3,6 +3,7 @@ backward, as % of the copy bandwidth measured in the same run, one JSON line a s
 (with the families planned), timed by pysoftmax._bench.Timer. docs/NOTES.md §21 has its tables.
 
     python3 tools/reference_rows.py float32,bfloat16 > reference.jsonl
+    SHAPES=65536x4096,8192x32768 python3 tools/reference_rows.py bfloat16   # some shapes only
 """
 import json, os, sys
 
@@ -13,6 +14,8 @@ import pysoftmax  # noqa: E402
 from pysoftmax import _bench, _ops  # noqa: E402
 SHAPES = [(8388608, 32), (2097152, 128), (524288, 512), (262144, 1024), (131072, 2048), (65536, 4096),
           (32768, 8192), (16384, 16384), (8192, 32768), (4194304, 48), (1048576, 200), (262144, 768), (2048, 131072)]
+if os.environ.get("SHAPES"):
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["SHAPES"].split(",")]
 DT = sys.argv[1].split(",") if len(sys.argv) > 1 else ["float32", "bfloat16"]
 timer = _bench.Timer()
 copy = _bench.copy_bandwidth(timer)

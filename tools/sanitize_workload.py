@@ -1,5 +1,8 @@
 """Small calls that reach every kernel family; run under compute-sanitizer by tools/sanitize.py."""
 
+import os
+import sys
+
 import cupy
 import numpy
 
@@ -18,6 +21,21 @@ def step(name, fn):
     fn()
     cupy.cuda.runtime.deviceSynchronize()
     print(f"[sanitize] ok {name}", flush=True)
+
+
+# rows_tile (dense odd widths whose arrays share their offset inside the pack): the fused backward
+# of 16-bit rows of up to 128 columns by default, and with PYSOFTMAX_TILE_COLS widened every path
+# (several steps a group, the block a row, float32 and float64); the arrays at their allocation's
+# start and one element into it, the last tile partial. SANITIZE_ONLY=tile stops after these.
+for dtype in ("float16", "float32", "float64"):
+    for rows, cols in ((1000, 33), (301, 99), (5, 127), (77, 1001), (9, 4097)):
+        for off in (0, 1):
+            y, dy, out = (arr((rows * cols + off,), dtype)[off:].reshape(rows, cols) for _ in range(3))
+            plan = _ops.plan((rows, cols), dtype, direction="backward", aligned=off == 0)
+            step(f"tile backward {dtype} {rows}x{cols} offset={off} ({plan['family']} group={plan['group']} "
+                 f"tile={plan['tile']})", lambda: _ops.backward_impl(y, dy, out=out))
+if os.environ.get("SANITIZE_ONLY") == "tile":
+    sys.exit(0)
 
 
 for dtype in ("float32", "float16", "float64"):
