@@ -1,7 +1,7 @@
 // families.cuh — the kernel families, one __global__ each: how rows are walked.
 //
 // The reducers handed to an operation's finish(), the stage sizing every family shares, then
-// rows_warp, rows_block, rows_stream and rows_passes (see kernels.cuh for the overview).
+// rows_warp, rows_block, rows_stream, rows_passes and rows_tile (see kernels.cuh for the overview).
 #pragma once
 
 #include <algorithm>
