@@ -4,7 +4,7 @@
 // sizes, and the shared memory and cluster support of H100/H200, A100, sm_86/sm_89 and sm_120 GPUs.
 // Also checks the row divisor of kernels.cuh against plain division. Prints one line per violated
 // invariant and "plans=P violations=N" last (P counts the divisions too); plan_straddling's choice
-// and plans for rows of odd length (rows_stream kStraddle); built and run by
+// and plans for rows of odd length (rows_stream kStraddle); plan_tile's; built and run by
 // tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
 #include <stdio.h>
 
@@ -169,6 +169,48 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
       }
 }
 
+// plan_tile over the fused backward's automatic element-wise plans, by default and with the
+// rule widened to every width (PYSOFTMAX_TILE_COLS): it takes exactly the register families' rows
+// the rule names, and its stage is the two buffers the kernel indexes (Op::kInputs copies of
+// tile_packs(tile, cols) packs each), within the block's shared memory; its tile holds a row for
+// each group, or is the block's rows one at a time.
+template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  DeviceInfo dev = described(stage_bytes, max_cluster);
+  for (int64_t widened : {int64_t{0}, int64_t{1000000}}) {
+    dev.tile_cols = widened;
+    for (int64_t cols = 1; cols <= 70000; cols += cols < 300 ? 1 : 97)
+      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
+        Plan p;
+        if (!plan_rows<Op>(rows, cols, 1, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p)) continue;
+        const Plan element_wise = p;
+        ++plans;
+        const bool took = plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, dev, &p);
+        const bool wanted = widened ? cols <= widened : sizeof(T) == 2 && cols <= kTileMaxCols;
+        const bool registers = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
+        const bool fits = 2 * Op::kInputs * tile_packs<T>(1, cols) * kPackBytes <= dev.stage_bytes;
+        if (took != (wanted && registers && fits))
+          report(op, took ? "tiles where it should not" : "does not tile", 0, 1, 0, cols, p);
+        if (!took) continue;
+        const int groups = p.group ? kTileThreads / p.group : 1;
+        if (p.family != kTileFamily || p.threads != kTileThreads || p.tile < 1 || p.tile > rows ||
+            p.stage != 2 * Op::kInputs * tile_packs<T>(p.tile, cols) * kPackBytes || p.stage > dev.stage_bytes ||
+            (p.group && (p.group > kMaxGroup || (p.group & (p.group - 1)) || (p.tile < groups && p.tile != rows))) ||
+            p.blocks < 1 || p.blocks > ceil_div(rows, p.tile) || p.blocks > int64_t{dev.sms} * kMaxBlocksPerSm)
+          report(op, "tile plan malformed", 0, 1, 0, cols, p);
+        Plan off = element_wise;
+        DeviceInfo none = dev;
+        none.tile_bytes = 0;
+        if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, none, &off))
+          report(op, "tiles with PYSOFTMAX_TILE_BYTES=0", 0, 1, 0, cols, off);
+        off = element_wise;
+        if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_WARP, true, dev, &off) ||
+            plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, false, dev, &off))
+          report(op, "tiles a requested family or arrays that may not tile", 0, 1, 0, cols, off);
+      }
+  }
+}
+
 template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
   char op[64];
   snprintf(op, sizeof op, "forward %s", name);
@@ -187,6 +229,8 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check_straddling<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling backward %s", name);
   check_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "tiled backward %s", name);
+  check_tile<BackwardOp<T>>(op, stage_bytes, max_cluster);
 }
 
 // The row divisor's multiply-and-shift quotient (kernels.cuh) against the hardware's, for every
