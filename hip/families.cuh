@@ -492,6 +492,20 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   if constexpr (kCluster) cluster_sync();
 }
 
+// The all-reduce over the lanes that share a row in rows_passes and rows_tile: the block
+// (kBlockRow; `scratch` holds its warps' partials), or a group of `group` lanes, a power of two up
+// to kMaxGroup, aligned inside kMaxGroup lanes so that xor stays in the group. Every lane of the
+// block (of the warp) must call it.
+template <bool kBlockRow, typename V, typename Rop>
+__device__ __forceinline__ V row_all_reduce(V v, Rop rop, V* scratch, int group) {
+  if constexpr (kBlockRow) {
+    return block_all_reduce(v, rop, scratch);
+  } else {
+    for (int m = group / 2; m > 0; m /= 2) v = rop(v, shfl_xor_value(v, m, kMaxGroup));
+    return v;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // rows_passes: the reference algorithms, every pass reading the row from global memory again:
 //   kPasses 2  the op's running statistic in one sweep (online's (max, sum) pair, the backward's
@@ -533,14 +547,7 @@ void rows_passes(const Op op, int64_t rows, int group) {
   const int64_t lead = blockIdx.x * per_block + (kBlockRow ? 0 : static_cast<int64_t>(threadIdx.x / kWarpSize) * (kWarpSize / group));
   const int64_t mine = kBlockRow ? blockIdx.x : blockIdx.x * per_block + threadIdx.x / group;
   const int64_t step_cols = int64_t{width} * kStep;
-  auto reduce = [&](auto v, auto rop, auto* scratch) {
-    if constexpr (kBlockRow) {
-      return block_all_reduce(v, rop, scratch);
-    } else {  // the group's lanes are aligned inside kMaxGroup lanes, so xor stays in the group
-      for (int m = group / 2; m > 0; m /= 2) v = rop(v, shfl_xor_value(v, m, kMaxGroup));
-      return v;
-    }
-  };
+  auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
   // fn(span, items) for each step of row w, loaded (dead rows: padding only).
   auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn) {
     for (int64_t base = 0; base < op.cols; base += step_cols) {
@@ -647,14 +654,7 @@ __global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t r
     }
     copy_async_commit();  // a group every call, empty or not: the waits below count them
   };
-  auto reduce = [&](auto v, auto rop, auto* scratch) {
-    if constexpr (kBlockRow) {
-      return block_all_reduce(v, rop, scratch);
-    } else {  // the group's lanes are aligned inside kMaxGroup lanes, so xor stays in the group
-      for (int m = group / 2; m > 0; m /= 2) v = rop(v, shfl_xor_value(v, m, kMaxGroup));
-      return v;
-    }
-  };
+  auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
   const int64_t step_cols = int64_t{width} * kUnroll;
   int buffer = 0;
   fetch(int64_t{blockIdx.x} * tile_rows, 0);
