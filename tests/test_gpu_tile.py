@@ -57,6 +57,12 @@ def assert_kept(flat, offset, size, what):
 WIDENED = os.environ.get("PYSOFTMAX_TILE_COLS") == "1000000"
 
 
+def tiles():
+    """Whether the library plans rows_tile here: it stages with cp.async (NVIDIA); elsewhere the
+    same rows keep their element-wise plans, and the tests still check every value."""
+    return not cupy.cuda.runtime.is_hip
+
+
 def run(dev, out, **kw):
     return _ops.backward_impl(dev[0], dev[1], out=out, **kw)
 
@@ -70,9 +76,11 @@ def check_case(rows, cols, dtype, group):
     outside the output is written, with the arrays at the pack's boundary and one element past it."""
     g = rng()
     plan = _ops.plan((rows, cols), dtype, direction="backward")
-    assert plan["family"] == "tile" and plan["tile"] >= 1 and plan["stage"] > 0, plan
-    if group is not None:
-        assert plan["group"] == group, plan
+    if tiles():
+        assert plan["family"] == "tile" and plan["tile"] >= 1 and plan["stage"] > 0, plan
+        assert group is None or plan["group"] == group, plan
+    else:
+        assert plan["family"] != "tile", plan
     host = grads(g, rows, cols, dtype)
     for offset in (0, 1):
         dev = [dense_at(a, dtype, offset)[1] for a in host]
