@@ -172,9 +172,11 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_STRADDLE, read once a device: "0" no row straddles (tuning and measurement;
   // docs/TUNING.md, "plan_straddling").
   if (const char* sd = getenv("PYSOFTMAX_STRADDLE")) info.straddle = !(sd[0] == '0' && !sd[1]);
+  // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
+  // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
+  // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
+  // "rows_passes" and "plan_tile").
   if (const char* pc = getenv("PYSOFTMAX_PASSES_COLS")) info.passes_cols = atoll(pc);
-  // PYSOFTMAX_TILE_BYTES, read once a device: rows_tile's stage a block ("0": never; tuning and
-  // measurement; docs/TUNING.md, "plan_tile").
   if (const char* tb = getenv("PYSOFTMAX_TILE_BYTES")) info.tile_bytes = atoll(tb);
   if (const char* tc = getenv("PYSOFTMAX_TILE_COLS")) info.tile_cols = atoll(tc);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)

@@ -506,6 +506,19 @@ __device__ __forceinline__ V row_all_reduce(V v, Rop rop, V* scratch, int group)
   }
 }
 
+// fn(span, items) for each step of row w, the op's kPacks packs of kPack a lane of `width` lanes
+// loaded (dead rows: padding only): rows_passes' and rows_tile's passes over a row.
+template <int kPack, int kPacks, typename Op, typename Fn>
+__device__ __forceinline__ void sweep_row(const Op& op, const typename Op::Row& w, bool live, int lane, int width,
+                                          Fn&& fn) {
+  for (int64_t base = 0; base < op.cols; base += int64_t{width} * kPack * kPacks) {
+    const Span span{base, lane, width, op.cols};
+    typename Op::Item v[kPack * kPacks];
+    op.template load<kPack, kPacks>(w, span, live, v);
+    fn(span, v);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // rows_passes: the reference algorithms, every pass reading the row from global memory again:
 //   kPasses 2  the op's running statistic in one sweep (online's (max, sum) pair, the backward's
@@ -546,16 +559,9 @@ void rows_passes(const Op op, int64_t rows, int group) {
   // The row of the warp's first group, and this group's.
   const int64_t lead = blockIdx.x * per_block + (kBlockRow ? 0 : static_cast<int64_t>(threadIdx.x / kWarpSize) * (kWarpSize / group));
   const int64_t mine = kBlockRow ? blockIdx.x : blockIdx.x * per_block + threadIdx.x / group;
-  const int64_t step_cols = int64_t{width} * kStep;
   auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
-  // fn(span, items) for each step of row w, loaded (dead rows: padding only).
   auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn) {
-    for (int64_t base = 0; base < op.cols; base += step_cols) {
-      const Span span{base, lane, width, op.cols};
-      Item v[kStep];
-      op.template load<kPack, kUnroll>(w, span, live, v);
-      fn(span, v);
-    }
+    sweep_row<kPack, kUnroll>(op, w, live, lane, width, fn);
   };
   for (int64_t k = 0; lead + k < rows; k += stride) {
     const int64_t r = mine + k;
@@ -680,20 +686,12 @@ __global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t r
         if (live) op.template store<1, kUnroll>(w, span, v);
       } else {
         Stat st = Op::stat_init();
-        for (int64_t base = 0; base < cols; base += step_cols) {
-          const Span span{base, lane, width, cols};
-          Item v[kUnroll];
-          op.template load<1, kUnroll>(w, span, live, v);
-          op.template accumulate<kUnroll>(st, v);
-        }
+        sweep_row<1, kUnroll>(op, w, live, lane, width, [&](const Span&, Item* v) { op.template accumulate<kUnroll>(st, v); });
         const auto fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
-        for (int64_t base = 0; base < cols; base += step_cols) {
-          const Span span{base, lane, width, cols};
-          Item v[kUnroll];
-          op.template load<1, kUnroll>(w, span, live, v);
+        sweep_row<1, kUnroll>(op, w, live, lane, width, [&](const Span& span, Item* v) {
           op.template apply<kUnroll>(v, fin);
           if (live) op.template store<1, kUnroll>(w, span, v);
-        }
+        });
       }
     }
     __syncthreads();
