@@ -36,7 +36,9 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
     if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
-    plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, straddles && dense_rows(p, true), dev, &plan);
+    int64_t body = 0;
+    if (plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, straddles && dense_rows(p, true), dev, &plan, &body))
+      op.cols = body;
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes (vector rows up to kNaiveBackwardGroupSteps steps of a full

@@ -33,6 +33,9 @@ template <typename T> struct BackwardOp {
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
   static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
   static constexpr bool kOddFullGroups = kPolicy.odd_full_groups;
+  static constexpr int64_t kTileMinCols = kPolicy.tile_min_cols, kTileMaxCols = kPolicy.tile_max_cols;
+  static constexpr int64_t kTileVecCols = kPolicy.tile_vec_cols;
+  static constexpr int kTileVecRegisters = kPolicy.tile_vec_registers;
 
   const T* y;
   const T* dy;
@@ -56,6 +59,7 @@ template <typename T> struct BackwardOp {
   __device__ __forceinline__ int head(const Row& w) const { return pack_head(w.y); }
   __device__ __forceinline__ Row shift(const Row& w, int head) const { return {w.y + head, w.dy + head, w.dx + head}; }
   __device__ __forceinline__ int64_t live_end(const Row&) const { return cols; }
+  static constexpr bool kTiles = true;
   // rows_tile: row r's start in y (k 0), dy (k 1) and dx, and row w read from the stage's copies
   // of y and dy (at: the row's first element there), its results written over y's.
   __device__ __forceinline__ const T* input_at(int k, int64_t r) const { return k ? dy + r * dy_stride : y + r * y_stride; }
@@ -82,7 +86,8 @@ template <typename T> struct BackwardOp {
     for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
   }
 
-  template <int kPack, int kPacks, typename S>
+  // kShared: the row lies in shared memory (rows_tile).
+  template <int kPack, int kPacks, bool kShared = false, typename S>
   __device__ __forceinline__ void store(const Row& w, const S& s, const Item* v) const {
     Narrowed<T, kPack> out[kPacks];
 #pragma unroll
@@ -92,7 +97,7 @@ template <typename T> struct BackwardOp {
       for (int i = 0; i < kPack; ++i) dx[i] = v[j * kPack + i].y;
       narrow<T, kPack>(dx, out[j]);
     }
-    store_span<T, kPack, kPacks>(w.dx, s, out);
+    store_span<T, kPack, kPacks, false, kShared>(w.dx, s, out);
   }
 
   // The result goes into Item::y (store() reads it from there).

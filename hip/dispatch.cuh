@@ -103,8 +103,6 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // rows_tile's stage a block (two buffers): a few blocks an SM, each with a tile in flight while
 // it works the one before (plan_tile).
 constexpr int64_t kTileBytes = 64 << 10;
-// rows_tile takes 16-bit backward rows of up to this many columns (plan_tile).
-constexpr int64_t kTileMaxCols = 128;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -118,6 +116,7 @@ struct DeviceInfo {
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
+  bool tile_vec = true;                  // rows_tile's rows may straddle in vector packs (PYSOFTMAX_TILE_VEC)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -179,6 +178,8 @@ inline int device_info(DeviceInfo* out) {
   if (const char* pc = getenv("PYSOFTMAX_PASSES_COLS")) info.passes_cols = atoll(pc);
   if (const char* tb = getenv("PYSOFTMAX_TILE_BYTES")) info.tile_bytes = atoll(tb);
   if (const char* tc = getenv("PYSOFTMAX_TILE_COLS")) info.tile_cols = atoll(tc);
+  // PYSOFTMAX_TILE_VEC, read once a device: "0" works tiled rows element by element (measurement).
+  if (const char* tv = getenv("PYSOFTMAX_TILE_VEC")) info.tile_vec = !(tv[0] == '0' && !tv[1]);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -777,33 +778,42 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
   return true;
 }
 
-// Tiled rows: where the fused backward's register family would read dense rows element by
-// element (an odd width, each row at another offset inside the pack) and every array shares that
-// offset (`may_tile`: same_pack_offsets, and every row stride equal to cols), rows_tile replaces
-// the plan for 16-bit rows of up to kTileMaxCols columns: there it measured faster, elsewhere
-// slower than the element-wise kernels (docs/TUNING.md, "plan_tile"). Its block stages
-// dev.tile_bytes, two buffers of consecutive rows as the aligned packs that cover them, and works
-// each row from shared memory: a group of lanes a row (as few as hold it in one step, at most
-// kMaxGroup, which then take several), several groups a block; the block a row where the stage
-// cannot hold a row for each group. A requested family is a request for its kernels: such rows
-// keep them. dev.tile_cols (PYSOFTMAX_TILE_COLS) widens the rule to every dtype up to that many
-// columns, for measurement. False: `plan` stands.
+// Tiled rows: where the fused op's register family would read dense rows element by element (an
+// odd width, each row at another offset inside the pack) and every array shares that offset
+// (`may_tile`: same_pack_offsets, and every row stride equal to cols), rows_tile replaces the plan
+// for rows of Op::kTileMinCols to Op::kTileMaxCols columns (policy.cuh: where it measured faster
+// than the element-wise kernels, docs/TUNING.md, "plan_tile"). Its block stages dev.tile_bytes, two
+// buffers of consecutive rows as the aligned packs that cover them, and works each row from
+// shared memory: a group of lanes a row (as few as hold it in one step, at most kMaxGroup, which
+// then take several), several groups a block; the block a row where the stage cannot hold a row
+// for each group. Rows of Op::kTileVecCols columns or more (and at least two packs) straddle: each
+// row's body, cols - (pack - 1) columns from its first boundary, is worked as vector packs of the
+// copy, and *body_cols is then the body's length, which the op's cols must be; the group has a
+// lane for each column outside the body. A requested family is a request for its kernels: such
+// rows keep them. For measurement, dev.tile_cols (PYSOFTMAX_TILE_COLS) sets the rule to every
+// dtype up to that many columns, straddling from two packs on, and dev.tile_vec
+// (PYSOFTMAX_TILE_VEC=0) keeps every row element-wise. False: `plan` stands.
 template <typename Op>
-bool plan_tile(int64_t rows, int64_t cols, int family, bool may_tile, const DeviceInfo& dev, Plan* plan) {
+bool plan_tile(int64_t rows, int64_t cols, int family, bool may_tile, const DeviceInfo& dev, Plan* plan,
+               int64_t* body_cols) {
   using T = typename Op::Storage;
-  const bool wanted = dev.tile_cols > 0 ? cols <= dev.tile_cols : sizeof(T) == 2 && cols <= kTileMaxCols;
-  if (!wanted || !may_tile || dev.tile_bytes <= 0 || family != SOFTMAX_FAMILY_AUTO || plan->pack != 1 ||
-      (plan->family != SOFTMAX_FAMILY_WARP && plan->family != SOFTMAX_FAMILY_BLOCK))
+  constexpr int kVec = vec_pack<T>();
+  const bool wanted = dev.tile_cols > 0 ? cols <= dev.tile_cols : cols >= Op::kTileMinCols && cols <= Op::kTileMaxCols;
+  if (!Op::kTiles || !wanted || !may_tile || dev.tile_bytes <= 0 || family != SOFTMAX_FAMILY_AUTO ||
+      plan->pack != 1 || (plan->family != SOFTMAX_FAMILY_WARP && plan->family != SOFTMAX_FAMILY_BLOCK))
     return false;
   const auto stage_of = [&](int64_t tile_rows) {  // two buffers
     return 2 * Op::kInputs * tile_packs<T>(tile_rows, cols) * kPackBytes;
   };
   Plan p;
   p.family = kTileFamily;
-  p.pack = 1;
-  p.packs = tile_unroll<Op>();
+  p.straddle = dev.tile_vec && kVec > 1 && cols >= 2 * kVec && (dev.tile_cols > 0 || cols >= Op::kTileVecCols);
+  p.pack = p.straddle ? kVec : 1;
+  p.packs = p.straddle ? tile_unroll<Op, kVec>() / kVec : tile_unroll<Op, 1>();
   p.threads = kTileThreads;
-  const int group = next_pow2(std::min<int64_t>(ceil_div(cols, tile_unroll<Op>()), kMaxGroup));
+  const int64_t body = p.straddle ? cols - (kVec - 1) : cols;
+  const int64_t lanes = ceil_div(ceil_div(body, p.pack), p.packs);
+  const int group = next_pow2(std::min<int64_t>(std::max<int64_t>(lanes, p.straddle ? kVec - 1 : 1), kMaxGroup));
   const int64_t groups = kTileThreads / group;
   const int64_t budget = std::min<int64_t>(dev.tile_bytes, dev.stage_bytes);
   if (stage_of(groups) <= dev.stage_bytes) {
@@ -822,14 +832,24 @@ bool plan_tile(int64_t rows, int64_t cols, int family, bool may_tile, const Devi
   const int64_t per_sm = std::max<int64_t>(1, sm_shared / (p.stage + kStaticSharedBytes + kSharedReservedPerBlock));
   p.blocks = std::min<int64_t>(ceil_div(rows, p.tile), int64_t{dev.sms} * std::min<int64_t>(per_sm, kMaxBlocksPerSm));
   *plan = p;
+  *body_cols = body;
   return true;
 }
 
-// rows_tile for the plan's group (0: the block a row).
+// rows_tile for the plan's group (0: the block a row) and pack (the vector pack: straddling rows).
 template <typename Op>
 int launch_tile(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
-  if (p.group == 0) return launch(rows_tile<Op, true>, "rows_tile", p, s, op, rows, 0, p.tile);
-  return launch(rows_tile<Op, false>, "rows_tile", p, s, op, rows, p.group, p.tile);
+  if constexpr (!Op::kTiles) {
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_tile: a tiled plan for rows that are not tiled");
+  } else {
+    constexpr int kVec = vec_pack<typename Op::Storage>();
+    if (p.pack > 1) {
+      if (p.group == 0) return launch(rows_tile<Op, true, kVec>, "rows_tile", p, s, op, rows, 0, p.tile);
+      return launch(rows_tile<Op, false, kVec>, "rows_tile", p, s, op, rows, p.group, p.tile);
+    }
+    if (p.group == 0) return launch(rows_tile<Op, true, 1>, "rows_tile", p, s, op, rows, 0, p.tile);
+    return launch(rows_tile<Op, false, 1>, "rows_tile", p, s, op, rows, p.group, p.tile);
+  }
 }
 
 // Common checks of a problem; direction-specific ones stay with the direction.

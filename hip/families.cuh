@@ -597,32 +597,47 @@ void rows_passes(const Op op, int64_t rows, int group) {
 // one of its stage's two buffers as the aligned packs that cover it (asynchronously where the
 // platform can, the next tile's copies in flight while the current one is worked); the partial
 // packs at the range's two ends go element by element, so nothing outside the range is touched.
-// Each row is then worked from shared memory, element by element (shared memory takes any
-// alignment), by a group of `group` lanes (kBlockRow: the whole block, a row at a time): where one
-// step of the group covers the row, in registers (the op's finish); else the op's statistic in one
-// sweep and the results in a second, both over the buffer. The results overwrite the first
-// input's copy, which leaves as aligned packs.
-// Contract (plan_tile): every array dense (a row's stride is cols) and at the same offset inside
-// the pack, so that one layout serves every array; each buffer holds Op::kInputs copies of
-// tile_packs(tile_rows, cols) packs.
+// Each row is then worked from shared memory by a group of `group` lanes (kBlockRow: the whole
+// block, a row at a time): where one step of the group covers the row, in registers (the op's
+// finish); else the op's statistic in one sweep and the results in a second, both over the
+// buffer. The results overwrite the first input's copy, which leaves as aligned packs.
+// kPack 1: a row's columns element by element (shared memory takes any alignment). kPack the
+// vector pack (kStraddle): op.cols is the row's body, cols - (kPack - 1) columns from its first
+// pack boundary, read and written as aligned packs of the copy; the kPack - 1 columns outside it
+// (the head before it, the rest after it) are one element each of lanes 0..kPack-2 (the group
+// has at least kPack - 1 lanes: plan_tile). Every element of a row is read and written by one
+// lane only, so the copy is written over in place without a barrier between the groups.
+// Contract (plan_tile): every array dense (a row's stride is the row's full width) and at the
+// same offset inside the pack, so that one layout serves every array; each buffer holds
+// Op::kInputs copies of tile_packs(tile_rows, cols) packs.
 constexpr int kTileThreads = 256;
-// Items a lane takes a step: kRowRegisters widened values (a backward item holds two).
-template <typename Op> constexpr int tile_unroll() {
-  return kRowRegisters / (Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
+// Items a lane takes a step: kRowRegisters widened values of each array (a backward item holds
+// two), or Op::kTileVecRegisters for straddling rows. Rows whose budget is cut take three blocks
+// an SM (as many stages of kTileBytes as its shared memory holds), where the whole budget held
+// them to two (docs/TUNING.md, "plan_tile").
+template <typename Op, int kPack> constexpr int tile_registers() {
+  return kPack > 1 ? Op::kTileVecRegisters : kRowRegisters;
 }
+template <typename Op, int kPack> constexpr int tile_unroll() {
+  return tile_registers<Op, kPack>() / (Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
+}
+template <typename Op, int kPack> constexpr int tile_min_blocks() { return tile_registers<Op, kPack>() < kRowRegisters ? 3 : 1; }
 // Packs of one array's copy: the range of `rows` rows and the partial pack before it.
 template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t rows, int64_t cols) {
   return (vec_pack<T>() - 1 + rows * cols + vec_pack<T>() - 1) / vec_pack<T>();
 }
 
-template <typename Op, bool kBlockRow>
-__global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t rows, int group, int tile_rows) {
+template <typename Op, bool kBlockRow, int kPack>
+__global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void rows_tile(const Op op, int64_t rows, int group, int tile_rows) {
   using T = typename Op::Storage;
   using C = typename Op::C;
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
-  constexpr int kPack = vec_pack<T>();
-  constexpr int kUnroll = tile_unroll<Op>();
+  constexpr int kVec = vec_pack<T>();  // the copies' packs
+  constexpr bool kStraddle = kPack > 1;
+  static_assert(kPack == 1 || kPack == kVec, "rows_tile: element-wise rows, or straddling vector packs");
+  constexpr int kUnroll = tile_unroll<Op, kPack>() / kPack;  // packs a lane a step
+  constexpr int kStep = kPack * kUnroll;
   extern __shared__ uint4 tile_stage[];
   __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
@@ -630,7 +645,7 @@ __global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t r
   const int lane = kBlockRow ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % group;
   const int groups = kBlockRow ? 1 : static_cast<int>(blockDim.x) / group;
   const int mine = kBlockRow ? 0 : static_cast<int>(threadIdx.x) / group;
-  const int64_t cols = op.cols;
+  const int64_t cols = kStraddle ? op.cols + kPack - 1 : op.cols;  // the rows' full width
   const int64_t buffer_packs = Op::kInputs * tile_packs<T>(tile_rows, cols);
   const int64_t tile_stride = int64_t{gridDim.x} * tile_rows;
   auto copy_of = [&](int buffer, int k) {
@@ -649,11 +664,11 @@ __global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t r
       for (int k = 0; k < Op::kInputs; ++k) {
         const T* src = op.input_at(k, t0) - head;  // a pack boundary: only [head, end) of it is read
         T* dst = copy_of(buffer, k);
-        for (int e = static_cast<int>(threadIdx.x) * kPack; e < end; e += static_cast<int>(blockDim.x) * kPack) {
-          if (e >= head && e + kPack <= end) {
+        for (int e = static_cast<int>(threadIdx.x) * kVec; e < end; e += static_cast<int>(blockDim.x) * kVec) {
+          if (e >= head && e + kVec <= end) {
             copy_async_16(dst + e, src + e);
           } else {
-            for (int i = max(e, head); i < min(e + kPack, end); ++i) dst[i] = src[i];
+            for (int i = max(e, head); i < min(e + kVec, end); ++i) dst[i] = src[i];
           }
         }
       }
@@ -661,7 +676,14 @@ __global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t r
     copy_async_commit();  // a group every call, empty or not: the waits below count them
   };
   auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
-  const int64_t step_cols = int64_t{width} * kUnroll;
+  const int64_t step_cols = int64_t{width} * kStep;
+  // kStraddle: the one column outside the body that this lane takes (lanes 0..kPack-2), in the
+  // body's columns: the head's before it, the rest after it.
+  const bool outside_lane = kStraddle && lane < kPack - 1;
+  auto outside = [&](int h) {
+    const int64_t c = lane < h ? lane - h : op.cols + lane - h;
+    return Span{c, 0, 1, c + 1};
+  };
   int buffer = 0;
   fetch(int64_t{blockIdx.x} * tile_rows, 0);
   for (int64_t t0 = int64_t{blockIdx.x} * tile_rows; t0 < rows; t0 += tile_stride, buffer ^= 1) {
@@ -677,30 +699,41 @@ __global__ __launch_bounds__(kTileThreads) void rows_tile(const Op op, int64_t r
       const int i = i0 + mine;
       const bool live = i < n;
       const int64_t at = head + int64_t{live ? i : 0} * cols;
-      const typename Op::Row w = op.in_stage(op.row(t0 + (live ? i : 0)), copies, at);
-      if (cols <= step_cols) {
-        const Span span{0, lane, width, cols};
-        Item v[kUnroll];
-        op.template load<1, kUnroll>(w, span, live, v);
-        op.template finish<kUnroll>(v, [&](auto x, auto rop) { return reduce(x, rop, value_scratch); });
-        if (live) op.template store<1, kUnroll>(w, span, v);
+      const typename Op::Row whole_row = op.in_stage(op.row(t0 + (live ? i : 0)), copies, at);
+      int h = 0;
+      typename Op::Row w = whole_row;
+      if constexpr (kStraddle) {
+        h = op.head(whole_row);
+        w = op.shift(whole_row, h);
+      }
+      // kStraddle: v[kStep] is the lane's column outside the body (a pad on the other lanes).
+      Item v[kStep + (kStraddle ? 1 : 0)];
+      if constexpr (kStraddle) op.template load<1, 1>(w, outside(h), live && outside_lane, v + kStep);
+      if (op.cols <= step_cols) {
+        const Span span{0, lane, width, op.cols};
+        op.template load<kPack, kUnroll>(w, span, live, v);
+        op.template finish<kStep + (kStraddle ? 1 : 0)>(v, [&](auto x, auto rop) { return reduce(x, rop, value_scratch); });
+        if (live) op.template store<kPack, kUnroll, true>(w, span, v);
       } else {
         Stat st = Op::stat_init();
-        sweep_row<1, kUnroll>(op, w, live, lane, width, [&](const Span&, Item* v) { op.template accumulate<kUnroll>(st, v); });
+        if constexpr (kStraddle) op.template accumulate<1>(st, v + kStep);
+        sweep_row<kPack, kUnroll>(op, w, live, lane, width, [&](const Span&, Item* u) { op.template accumulate<kStep>(st, u); });
         const auto fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
-        sweep_row<1, kUnroll>(op, w, live, lane, width, [&](const Span& span, Item* v) {
-          op.template apply<kUnroll>(v, fin);
-          if (live) op.template store<1, kUnroll>(w, span, v);
+        if constexpr (kStraddle) op.template apply<1>(v + kStep, fin);
+        sweep_row<kPack, kUnroll>(op, w, live, lane, width, [&](const Span& span, Item* u) {
+          op.template apply<kStep>(u, fin);
+          if (live) op.template store<kPack, kUnroll, true>(w, span, u);
         });
       }
+      if (kStraddle && live && outside_lane) op.template store<1, 1, true>(w, outside(h), v + kStep);
     }
     __syncthreads();
     T* dst = op.output_at(t0) - head;
-    for (int e = static_cast<int>(threadIdx.x) * kPack; e < end; e += static_cast<int>(blockDim.x) * kPack) {
-      if (e >= head && e + kPack <= end) {
+    for (int e = static_cast<int>(threadIdx.x) * kVec; e < end; e += static_cast<int>(blockDim.x) * kVec) {
+      if (e >= head && e + kVec <= end) {
         store_16(dst + e, *reinterpret_cast<const uint4*>(copies[0] + e));
       } else {
-        for (int i = max(e, head); i < min(e + kPack, end); ++i) dst[i] = copies[0][i];
+        for (int i = max(e, head); i < min(e + kVec, end); ++i) dst[i] = copies[0][i];
       }
     }
     __syncthreads();  // the buffer is read out before the next trip's copies go into it

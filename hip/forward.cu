@@ -106,6 +106,11 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                     static_cast<long long>(p.cols));
+      {
+        int64_t body = 0;
+        if (plan_tile<Op>(p.rows, p.cols, p.family, straddles && dense_rows(p, false), dev, &plan, &body))
+          op.cols = body;
+      }
       break;
     case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
       // Groups for unmasked short rows: where the stream's block would leave lanes idle (a row
@@ -142,6 +147,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  if (plan.family == kTileFamily) return launch_tile(op, p.rows, plan, stream);
   if (plan.family == kPassesFamily) {
     if constexpr (Op::kBool) {  // the boolean kinds always carry a mask or a causal limit
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");

@@ -42,6 +42,9 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
   static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
   static constexpr bool kOddFullGroups = kPolicy.odd_full_groups;
+  static constexpr int64_t kTileMinCols = kPolicy.tile_min_cols, kTileMaxCols = kPolicy.tile_max_cols;
+  static constexpr int64_t kTileVecCols = kPolicy.tile_vec_cols;
+  static constexpr int kTileVecRegisters = kPolicy.tile_vec_registers;
 
   const T* x;
   T* y;
@@ -165,6 +168,17 @@ template <typename T, int kMask> struct ForwardOp {
   __device__ __forceinline__ Row shift(const Row& w, int head) const {
     static_assert(kStraddles, "masked rows do not straddle");
     return {w.x + head, w.y + head, nullptr, w.limit};
+  }
+
+  // rows_tile (unmasked rows only, as kStraddles): row r's start in x (k 0) and y, and row w read
+  // from the stage's copy of x, its results written over it.
+  static constexpr bool kTiles = !kMasked;
+  static_assert(kTiles || kTileMaxCols == 0, "masked rows are not tiled");
+  __device__ __forceinline__ const T* input_at(int, int64_t r) const { return x + r * x_stride; }
+  __device__ __forceinline__ T* output_at(int64_t r) const { return y + r * y_stride; }
+  __device__ __forceinline__ Row in_stage(const Row& w, T* const* copies, int64_t at) const {
+    static_assert(kTiles, "masked rows are not tiled");
+    return {copies[0] + at, copies[0] + at, nullptr, w.limit};
   }
 
   __device__ __forceinline__ int mask_elem_size() const {
@@ -472,12 +486,13 @@ template <typename T, int kMask> struct ForwardOp {
   __device__ __forceinline__ C exp_of(C v, C ref) const { return exp_sub(v, ref, exp_k); }
   __device__ __forceinline__ MergeMaxSum<C> merge() const { return {exp_k}; }
 
-  template <int kPack, int kPacks, typename S>
+  // kShared: the row lies in shared memory (rows_tile).
+  template <int kPack, int kPacks, bool kShared = false, typename S>
   __device__ __forceinline__ void store(const Row& w, const S& s, const C* v) const {
     Narrowed<T, kPack> out[kPacks];
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) narrow<T, kPack>(v + j * kPack, out[j]);
-    store_span<T, kPack, kPacks, kWholeSplit>(w.y, s, out);
+    store_span<T, kPack, kPacks, kWholeSplit, kShared>(w.y, s, out);
   }
 
   // Rows in registers: one exp per element (the max is reduced first, then the sum).

@@ -28,7 +28,8 @@
 //   rows_passes  the reference algorithms, 2 or 3 reads of global memory (online and
 //                naive_backward on short rows, naive on every row), a group of lanes or a block a row
 //   rows_tile    dense rows of an odd width, staged a tile of rows at a time as the aligned packs
-//                that cover them and worked from shared memory (the 16-bit backward's short rows)
+//                that cover them and worked from shared memory (short odd rows of the plain
+//                forward and the backward, straddling in vector packs from a width on)
 // Bytes moved: rows_warp/rows_block, rows_tile and a resident rows_stream read each input once
 // and write once (a grid's row past its blocks' stages reads the rest twice); otherwise
 // rows_stream reads the inputs twice (the second read often from L2); rows_passes reads them two

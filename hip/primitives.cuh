@@ -110,9 +110,11 @@ template <typename T, int N, typename C> __device__ __forceinline__ void narrow(
   }
 }
 
-template <typename T, int N>
+// kShared: p may point into shared memory (rows_tile's copies), which store_16's global store
+// cannot address.
+template <typename T, int N, bool kShared = false>
 __device__ __forceinline__ void store_pack(T* p, const Narrowed<T, N>& src) {
-  if constexpr (sizeof(T) * N == sizeof(uint4)) {
+  if constexpr (sizeof(T) * N == sizeof(uint4) && !kShared) {
     store_16(p, make_uint4(src.words[0], src.words[1], src.words[2], src.words[3]));
   } else {
     Pack<T, N> pk;

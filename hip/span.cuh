@@ -216,8 +216,9 @@ __device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t 
   }
 }
 
-// Writes the span's packs of `row` (columns below s.end only).
-template <typename T, int kPack, int kPacks, bool kWholeSplit = false, typename S>
+// Writes the span's packs of `row` (columns below s.end only); kShared: `row` may lie in shared
+// memory (store_pack).
+template <typename T, int kPack, int kPacks, bool kWholeSplit = false, bool kShared = false, typename S>
 __device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T, kPack> (&out)[kPacks]) {
   T* p = row + s.base;
   with_reach<false, kPack, kPacks, true, kWholeSplit>(s, s.end, true, [&](const auto& reach) {
@@ -226,7 +227,7 @@ __device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T,
       const int o = s.template off<kPack>(j);
       const int n = reach.template n<kPack>(o);
       if (n == kPack && kPack > 1) {
-        store_pack<T, kPack>(p + o, out[j]);
+        store_pack<T, kPack, kShared>(p + o, out[j]);
       } else {
 #pragma unroll
         for (int i = 0; i < kPack; ++i)

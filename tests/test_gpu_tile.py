@@ -4,10 +4,14 @@ Each row of such an array starts at another offset inside the pack, so the regis
 would read it element by element. Where every array is dense and shares its offset inside the
 pack, rows_tile copies tiles of consecutive rows into shared memory as the aligned packs that
 cover them, works each row from there, and writes each tile back as aligned packs
-(hip/families.cuh; plan_tile in hip/dispatch.cuh). By default it takes the fused backward's
-16-bit rows of up to 128 columns; PYSOFTMAX_TILE_COLS widens that to every dtype, which
-test_tile_every_path_widened runs in a subprocess to reach the kernel's other paths (several
-steps a group, the block a row, float32 and float64).
+(hip/families.cuh; plan_tile in hip/dispatch.cuh). Rows from a width on (policy.cuh) straddle:
+each row's body, from its first pack boundary, is worked as vector packs of the copy and the
+pack - 1 columns outside it one a lane; narrower rows go element by element. By default the
+tile takes the plain forward's 16-bit rows of 16 to 128 columns (straddling from 112) and float32
+rows of 16 to 99, and the backward's 16-bit rows of up to 600 (straddling from 112).
+PYSOFTMAX_TILE_COLS widens that to every dtype and width (straddling from two packs), and
+PYSOFTMAX_TILE_VEC=0 keeps every row element-wise: test_tile_every_path_widened runs both in
+subprocesses to reach the kernel's other paths.
 
 The tests check the plan, every column's value against float64, that nothing outside the
 arrays is written (outputs inside poisoned buffers), the partial packs at a tile's two ends at
@@ -21,7 +25,7 @@ import sys
 import numpy
 import pytest
 
-from _util import assert_grad_close, np_dtype, poisoned, ref_softmax, rng, rounded, to_device, to_host64
+from _util import assert_close, assert_grad_close, np_dtype, poisoned, ref_softmax, rng, rounded, to_device, to_host64
 
 pytestmark = pytest.mark.gpu
 
@@ -55,12 +59,24 @@ def assert_kept(flat, offset, size, what):
 
 
 WIDENED = os.environ.get("PYSOFTMAX_TILE_COLS") == "1000000"
+ELEMENT_WISE = os.environ.get("PYSOFTMAX_TILE_VEC") == "0"
+# The default rule's widths from which rows straddle (policy.cuh, tile_vec_cols), by direction
+# and element size; absent: never.
+VEC_FROM = {("forward", 2): 112, ("backward", 2): 112}
 
 
 def tiles():
     """Whether the library plans rows_tile here: it stages with cp.async (NVIDIA); elsewhere the
     same rows keep their element-wise plans, and the tests still check every value."""
     return not cupy.cuda.runtime.is_hip
+
+
+def straddles(cols, dtype, direction):
+    """Whether the plan works rows of this width in vector packs over their bodies."""
+    size = np_dtype(dtype).itemsize
+    if ELEMENT_WISE or size == 16 or cols < 2 * pack(dtype):
+        return False
+    return WIDENED or cols >= VEC_FROM.get((direction, size), 1 << 62)
 
 
 def run(dev, out, **kw):
@@ -71,111 +87,153 @@ def grads(g, rows, cols, dtype):
     return rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype), rounded(g.standard_normal((rows, cols)), dtype)
 
 
-def check_case(rows, cols, dtype, group):
-    """The plan is rows_tile (of `group` lanes, when given); every column is right and nothing
-    outside the output is written, with the arrays at the pack's boundary and one element past it."""
+def check_case(rows, cols, dtype, direction, group):
+    """The plan is rows_tile (of `group` lanes, when given), straddling or not as the rule says;
+    every column is right and nothing outside the output is written, with the arrays at the
+    pack's boundary and one element past it."""
     g = rng()
-    plan = _ops.plan((rows, cols), dtype, direction="backward")
+    plan = _ops.plan((rows, cols), dtype, direction=direction)
     if tiles():
+        vec = straddles(cols, dtype, direction)
         assert plan["family"] == "tile" and plan["tile"] >= 1 and plan["stage"] > 0, plan
+        assert plan["straddle"] == int(vec) and plan["pack"] == (pack(dtype) if vec else 1), plan
         assert group is None or plan["group"] == group, plan
     else:
         assert plan["family"] != "tile", plan
-    host = grads(g, rows, cols, dtype)
+    if direction == "backward":
+        host = grads(g, rows, cols, dtype)
+    else:
+        host = [rounded(g.standard_normal((rows, cols)) * 3, dtype)]
     for offset in (0, 1):
         dev = [dense_at(a, dtype, offset)[1] for a in host]
         flat, out = dense_at(numpy.full((rows, cols), numpy.nan), dtype, offset, poison=True)
-        what = f"{rows}x{cols} {dtype} offset={offset} {plan} seed={g.seed}"
-        assert_grad_close(to_host64(run(dev, out, scale=0.7)), host[0], host[1], 0.7, dtype, what)
+        what = f"{rows}x{cols} {dtype} {direction} offset={offset} {plan} seed={g.seed}"
+        if direction == "backward":
+            assert_grad_close(to_host64(run(dev, out, scale=0.7)), host[0], host[1], 0.7, dtype, what)
+        else:
+            assert_close(to_host64(pysoftmax.fused(dev[0], out=out, scale=0.7)), ref_softmax(host[0], scale=0.7), dtype, what)
         assert_kept(flat, offset, rows * cols, what)
 
 
-# (rows, cols, dtype, group): widths below a pack, one row, the rule's last width, and row
-# counts that leave the last tile partial.
+# (rows, cols, dtype, direction, group): widths below a pack, one row, each side of the width
+# from which rows straddle and of the rule's last width, rows a group takes in several steps and
+# rows the block takes, and row counts that leave the last tile partial.
 CASES = [
-    (1000, 1, "float16", 1),
-    (999, 3, "bfloat16", 1),
-    (4099, 33, "float16", 4),
-    (3001, 99, "bfloat16", 8),
-    (1, 127, "float16", 8),
-    (2050, 127, "bfloat16", 8),
+    (1000, 1, "float16", "backward", 1),
+    (999, 3, "bfloat16", "backward", 1),
+    (4099, 33, "float16", "backward", 4),
+    (3001, 99, "bfloat16", "backward", 8),
+    (2050, 111, "bfloat16", "backward", 8),
+    (1, 127, "float16", "backward", 8),
+    (2050, 127, "bfloat16", "backward", 8),
+    (1500, 257, "bfloat16", "backward", 16),
+    (700, 513, "float16", "backward", 32),
+    (3001, 17, "bfloat16", "forward", 1),
+    (4099, 33, "bfloat16", "forward", 2),
+    (3001, 99, "float16", "forward", 4),
+    (2001, 111, "bfloat16", "forward", 4),
+    (2050, 127, "bfloat16", "forward", 8),
+    (1, 113, "float16", "forward", 8),
+    (4099, 33, "float32", "forward", 2),
+    (1201, 99, "float32", "forward", 4),
 ]
 
 
-@pytest.mark.parametrize("rows,cols,dtype,group", CASES)
-def test_tile_rows(rows, cols, dtype, group):
-    check_case(rows, cols, dtype, group)
+@pytest.mark.parametrize("rows,cols,dtype,direction,group", CASES)
+def test_tile_rows(rows, cols, dtype, direction, group):
+    check_case(rows, cols, dtype, direction, group)
 
 
-# With PYSOFTMAX_TILE_COLS=1000000 (test_tile_every_path_widened): a group's several steps (1001
-# 16-bit columns: 63 lanes of 16), the block a row (rows too wide for a group each in the
-# stage), float32 and float64, and a width between the powers of two of the pack.
+# With PYSOFTMAX_TILE_COLS=1000000 (test_tile_every_path_widened, once straddling, once
+# element-wise): a group's several steps, the block a row (rows too wide for a group each in the
+# stage), float32 and float64, and widths between the powers of two of the pack.
 WIDE_CASES = [
-    (777, 1001, "bfloat16", 32),
-    (130, 4097, "float16", 0),
-    (61, 5001, "bfloat16", 0),
-    (3001, 99, "float32", 8),
-    (2050, 257, "float32", 32),
-    (517, 77, "float64", 16),
-    (300, 2049, "float32", 0),
+    (777, 1001, "bfloat16", "backward"),
+    (130, 4097, "float16", "backward"),
+    (61, 5001, "bfloat16", "backward"),
+    (3001, 99, "float32", "backward"),
+    (2050, 257, "float32", "backward"),
+    (517, 77, "float64", "backward"),
+    (300, 2049, "float32", "backward"),
+    (777, 1001, "bfloat16", "forward"),
+    (61, 10001, "float16", "forward"),
+    (2050, 257, "float32", "forward"),
+    (517, 77, "float64", "forward"),
+    (300, 4097, "float32", "forward"),
 ]
 
 
 @pytest.mark.skipif(not WIDENED, reason="run by test_tile_every_path_widened, in a process with PYSOFTMAX_TILE_COLS")
-@pytest.mark.parametrize("rows,cols,dtype,group", WIDE_CASES)
-def test_tile_rows_widened(rows, cols, dtype, group):
-    check_case(rows, cols, dtype, group)
+@pytest.mark.parametrize("rows,cols,dtype,direction", WIDE_CASES)
+def test_tile_rows_widened(rows, cols, dtype, direction):
+    check_case(rows, cols, dtype, direction, None)
 
 
-def test_tile_every_path_widened():
+@pytest.mark.parametrize("vec", ["1", "0"])
+def test_tile_every_path_widened(vec):
     """The kernel's paths that the default rule does not plan, in a process whose rule takes
-    every dtype and width (the variable is read once a device)."""
+    every dtype and width (the variables are read once a device), straddling and element-wise."""
     if WIDENED:
         pytest.skip("this process is the widened one")
-    env = dict(os.environ, PYSOFTMAX_TILE_COLS="1000000")
+    env = dict(os.environ, PYSOFTMAX_TILE_COLS="1000000", PYSOFTMAX_TILE_VEC=vec)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "widened"],
                           env=env, capture_output=True, text=True, timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     assert done.returncode == 0 and f"{len(WIDE_CASES)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_tile_every_offset_walk_and_repeatable(dtype):
+@pytest.mark.parametrize("dtype,cols,direction", [("bfloat16", 99, "backward"), ("float16", 127, "backward"),
+                                                ("float16", 99, "forward"), ("bfloat16", 127, "forward")])
+def test_tile_every_offset_walk_and_repeatable(dtype, cols, direction):
     """Every offset inside the pack (a tile's first and last packs partial in every way), grids of
-    one and of three blocks walking all tiles through both buffers, the same bits twice, and dx
-    written over dy."""
+    one and of three blocks walking all tiles through both buffers, the same bits twice, and the
+    output written over an input (dx over dy, y over x); element-wise and straddling rows."""
     g = rng()
-    rows, cols = 1203, 99
-    host = grads(g, rows, cols, dtype)
+    rows = 1203
+    if direction == "backward":
+        host = grads(g, rows, cols, dtype)
+        call = lambda dev, out, **kw: run(dev, out, **kw)
+        check = lambda got, what: assert_grad_close(to_host64(got), host[0], host[1], 1.0, dtype, what)
+    else:
+        host = [rounded(g.standard_normal((rows, cols)) * 3, dtype)]
+        call = lambda dev, out, **kw: pysoftmax.fused(dev[0], out=out, **kw)
+        check = lambda got, what: assert_close(to_host64(got), ref_softmax(host[0]), dtype, what)
     for offset in range(pack(dtype)):
         dev = [dense_at(a, dtype, offset)[1] for a in host]
         first = None
         for kw in (dict(), dict(blocks=1), dict(blocks=3), dict()):
             flat, out = dense_at(numpy.full((rows, cols), numpy.nan), dtype, offset, poison=True)
-            what = f"{dtype} offset={offset} {kw} seed={g.seed}"
-            got = run(dev, out, **kw)
-            assert_grad_close(to_host64(got), host[0], host[1], 1.0, dtype, what)
+            what = f"{dtype} {cols} {direction} offset={offset} {kw} seed={g.seed}"
+            got = call(dev, out, **kw)
+            check(got, what)
             assert_kept(flat, offset, rows * cols, what)
             bits = to_host64(got)
             if first is None:
                 first = bits
             else:
                 numpy.testing.assert_array_equal(bits, first, err_msg=what)
-        dy = dev[1].copy()
-        assert_grad_close(to_host64(run([dev[0], dy], dy)), host[0], host[1], 1.0, dtype, f"in place {what}")
+        inout = dev[-1].copy()
+        check(call(dev[:-1] + [inout], inout), f"in place {what}")
 
 
 def test_tile_not_taken():
     """Arrays at different offsets inside the pack, rows with gaps between them, a requested
-    family, whole-pack widths, wider rows, float32 and the forward keep their plans (unless the
-    rule is widened)."""
-    plan = lambda cols, dt="bfloat16", **kw: _ops.plan((4096, cols), dt, direction="backward", **kw)["family"]
-    assert plan(99, aligned="mixed") == "warp"
-    assert plan(99, family="warp") == "warp"
-    assert plan(96) == "warp"
+    family, whole-pack widths, the widths past the rule, the float32 backward, float64 and
+    masked rows keep their plans (unless the rule is widened)."""
+    plan = lambda cols, dt="bfloat16", direction="backward", **kw: _ops.plan((4096, cols), dt, direction=direction, **kw)["family"]
+    for direction in ("backward", "forward"):
+        assert plan(99, direction=direction, aligned="mixed") == "warp"
+        assert plan(99, direction=direction, family="warp") == "warp"
+        assert plan(96, direction=direction) == "warp"
+        assert plan(99, "float64", direction) == "warp" or WIDENED
+    assert plan(99, mask=True, direction="forward") == "warp"
+    assert plan(99, causal_queries=4096, direction="forward") == "warp"
     if not WIDENED:
-        assert plan(129) == "warp" and plan(99, "float32") == "warp"
-    assert _ops.plan((4096, 99), "bfloat16")["family"] == "warp"
+        assert plan(99, "float32") == "warp" and plan(601) in ("warp", "block")
+        assert plan(15, direction="forward") == "warp" and plan(129, direction="forward") == "warp"
+        assert plan(9, "float32", direction="forward") == "warp" and plan(101, "float32", direction="forward") == "warp"
+    if tiles():
+        assert plan(129) == "tile" and plan(99, direction="forward") == "tile"
     g = rng()
     rows, cols = 300, 99
     host = grads(g, rows, cols + 1, "bfloat16")
@@ -183,3 +241,6 @@ def test_tile_not_taken():
     out = poisoned((rows, cols), "bfloat16")
     y64, dy64 = host[0][:, :cols], host[1][:, :cols]
     assert_grad_close(to_host64(pysoftmax.backward(y, dy, out=out)), y64, dy64, 1.0, "bfloat16", "rows with gaps")
+    x = to_device(host[1], "bfloat16")[:, :cols]
+    out = poisoned((rows, cols), "bfloat16")
+    assert_close(to_host64(pysoftmax.fused(x, out=out)), ref_softmax(host[1][:, :cols]), "bfloat16", "forward rows with gaps")

@@ -23,17 +23,20 @@ def step(name, fn):
     print(f"[sanitize] ok {name}", flush=True)
 
 
-# rows_tile (dense odd widths whose arrays share their offset inside the pack): the fused backward
-# of 16-bit rows of up to 128 columns by default, and with PYSOFTMAX_TILE_COLS widened every path
-# (several steps a group, the block a row, float32 and float64); the arrays at their allocation's
-# start and one element into it, the last tile partial. SANITIZE_ONLY=tile stops after these.
+# rows_tile (dense odd widths whose arrays share their offset inside the pack): the plain fused
+# forward and the backward of the default rule's rows (element-wise and straddling), and with
+# PYSOFTMAX_TILE_COLS widened every path (several steps a group, the block a row, float32 and
+# float64; PYSOFTMAX_TILE_VEC=0 element-wise); the arrays at their allocation's start and one
+# element into it, the last tile partial. SANITIZE_ONLY=tile stops after these.
 for dtype in ("float16", "float32", "float64"):
     for rows, cols in ((1000, 33), (301, 99), (5, 127), (77, 1001), (9, 4097)):
         for off in (0, 1):
             y, dy, out = (arr((rows * cols + off,), dtype)[off:].reshape(rows, cols) for _ in range(3))
-            plan = _ops.plan((rows, cols), dtype, direction="backward", aligned=off == 0)
-            step(f"tile backward {dtype} {rows}x{cols} offset={off} ({plan['family']} group={plan['group']} "
-                 f"tile={plan['tile']})", lambda: _ops.backward_impl(y, dy, out=out))
+            for direction in ("backward", "forward"):
+                plan = _ops.plan((rows, cols), dtype, direction=direction, aligned=off == 0)
+                call = (lambda: _ops.backward_impl(y, dy, out=out)) if direction == "backward" else (lambda: pysoftmax.fused(y, out=out))
+                step(f"tile {direction} {dtype} {rows}x{cols} offset={off} ({plan['family']} group={plan['group']} "
+                     f"pack={plan['pack']} tile={plan['tile']})", call)
 if os.environ.get("SANITIZE_ONLY") == "tile":
     sys.exit(0)
 

@@ -169,46 +169,56 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
       }
 }
 
-// plan_tile over the fused backward's automatic element-wise plans, by default and with the
-// rule widened to every width (PYSOFTMAX_TILE_COLS): it takes exactly the register families' rows
-// the rule names, and its stage is the two buffers the kernel indexes (Op::kInputs copies of
-// tile_packs(tile, cols) packs each), within the block's shared memory; its tile holds a row for
-// each group, or is the block's rows one at a time.
+// plan_tile over the fused op's automatic element-wise plans, by default and with the rule
+// widened to every width (PYSOFTMAX_TILE_COLS), straddling or not (PYSOFTMAX_TILE_VEC): it takes
+// exactly the register families' rows the rule names (none of a masked kind), and its stage is
+// the two buffers the kernel indexes (Op::kInputs copies of tile_packs(tile, cols) packs each),
+// within the block's shared memory; its tile holds a row for each group, or is the block's rows
+// one at a time. Rows of two packs or more straddle where allowed: vector packs over a body of
+// cols - (pack - 1) columns, in groups with a lane for each column outside it.
 template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
   DeviceInfo dev = described(stage_bytes, max_cluster);
-  for (int64_t widened : {int64_t{0}, int64_t{1000000}}) {
-    dev.tile_cols = widened;
-    for (int64_t cols = 1; cols <= 70000; cols += cols < 300 ? 1 : 97)
-      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
-        Plan p;
-        if (!plan_rows<Op>(rows, cols, 1, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p)) continue;
-        const Plan element_wise = p;
-        ++plans;
-        const bool took = plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, dev, &p);
-        const bool wanted = widened ? cols <= widened : sizeof(T) == 2 && cols <= kTileMaxCols;
-        const bool registers = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
-        const bool fits = 2 * Op::kInputs * tile_packs<T>(1, cols) * kPackBytes <= dev.stage_bytes;
-        if (took != (wanted && registers && fits))
-          report(op, took ? "tiles where it should not" : "does not tile", 0, 1, 0, cols, p);
-        if (!took) continue;
-        const int groups = p.group ? kTileThreads / p.group : 1;
-        if (p.family != kTileFamily || p.threads != kTileThreads || p.tile < 1 || p.tile > rows ||
-            p.stage != 2 * Op::kInputs * tile_packs<T>(p.tile, cols) * kPackBytes || p.stage > dev.stage_bytes ||
-            (p.group && (p.group > kMaxGroup || (p.group & (p.group - 1)) || (p.tile < groups && p.tile != rows))) ||
-            p.blocks < 1 || p.blocks > ceil_div(rows, p.tile) || p.blocks > int64_t{dev.sms} * kMaxBlocksPerSm)
-          report(op, "tile plan malformed", 0, 1, 0, cols, p);
-        Plan off = element_wise;
-        DeviceInfo none = dev;
-        none.tile_bytes = 0;
-        if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, none, &off))
-          report(op, "tiles with PYSOFTMAX_TILE_BYTES=0", 0, 1, 0, cols, off);
-        off = element_wise;
-        if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_WARP, true, dev, &off) ||
-            plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, false, dev, &off))
-          report(op, "tiles a requested family or arrays that may not tile", 0, 1, 0, cols, off);
-      }
-  }
+  for (bool vec : {true, false})
+    for (int64_t widened : {int64_t{0}, int64_t{1000000}}) {
+      dev.tile_cols = widened;
+      dev.tile_vec = vec;
+      for (int64_t cols = 1; cols <= 70000; cols += cols < 300 ? 1 : 97)
+        for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
+          Plan p;
+          if (!plan_rows<Op>(rows, cols, 1, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p)) continue;
+          const Plan element_wise = p;
+          ++plans;
+          int64_t body = -1;
+          const bool took = plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, dev, &p, &body);
+          const bool wanted = Op::kTiles && (widened ? cols <= widened : cols >= Op::kTileMinCols && cols <= Op::kTileMaxCols);
+          const bool registers = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
+          const bool fits = 2 * Op::kInputs * tile_packs<T>(1, cols) * kPackBytes <= dev.stage_bytes;
+          if (took != (wanted && registers && fits))
+            report(op, took ? "tiles where it should not" : "does not tile", 0, 1, 0, cols, p);
+          if (!took) continue;
+          const int groups = p.group ? kTileThreads / p.group : 1;
+          const bool straddles = vec && kVec > 1 && cols >= 2 * kVec && (widened || cols >= Op::kTileVecCols);
+          if (p.family != kTileFamily || p.threads != kTileThreads || p.tile < 1 || p.tile > rows ||
+              p.stage != 2 * Op::kInputs * tile_packs<T>(p.tile, cols) * kPackBytes || p.stage > dev.stage_bytes ||
+              (p.group && (p.group > kMaxGroup || (p.group & (p.group - 1)) || (p.tile < groups && p.tile != rows))) ||
+              p.blocks < 1 || p.blocks > ceil_div(rows, p.tile) || p.blocks > int64_t{dev.sms} * kMaxBlocksPerSm)
+            report(op, "tile plan malformed", 0, 1, 0, cols, p);
+          if (p.straddle != straddles || p.pack != (straddles ? kVec : 1) || p.packs * p.pack != (straddles ? tile_unroll<Op, kVec>() : tile_unroll<Op, 1>()) ||
+              body != (straddles ? cols - (kVec - 1) : cols) || (straddles && p.group && p.group < kVec - 1))
+            report(op, "tile plan's pack, body or group wrong", 0, p.pack, 0, cols, p);
+          Plan off = element_wise;
+          DeviceInfo none = dev;
+          none.tile_bytes = 0;
+          if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, none, &off, &body))
+            report(op, "tiles with PYSOFTMAX_TILE_BYTES=0", 0, 1, 0, cols, off);
+          off = element_wise;
+          if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_WARP, true, dev, &off, &body) ||
+              plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, false, dev, &off, &body))
+            report(op, "tiles a requested family or arrays that may not tile", 0, 1, 0, cols, off);
+        }
+    }
 }
 
 template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
@@ -231,6 +241,10 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "tiled backward %s", name);
   check_tile<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "tiled forward %s", name);
+  check_tile<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "tiled forward+bool mask %s", name);
+  check_tile<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
 }
 
 // The row divisor's multiply-and-shift quotient (kernels.cuh) against the hardware's, for every
