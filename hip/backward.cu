@@ -37,7 +37,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
     int64_t body = 0;
-    if (plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, straddles && dense_rows(p, true), dev, &plan, &body))
+    if (plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, true), dev, &plan, &body))
       op.cols = body;
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.

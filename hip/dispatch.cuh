@@ -789,17 +789,17 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
 // for each group. Rows of Op::kTileVecCols columns or more (and at least two packs) straddle: each
 // row's body, cols - (pack - 1) columns from its first boundary, is worked as vector packs of the
 // copy, and *body_cols is then the body's length, which the op's cols must be; the group has a
-// lane for each column outside the body. A requested family is a request for its kernels: such
-// rows keep them. For measurement, dev.tile_cols (PYSOFTMAX_TILE_COLS) sets the rule to every
+// lane for each column outside the body. A requested family or block size is a request for the
+// element-wise plan's kernels: such rows keep them. For measurement, dev.tile_cols (PYSOFTMAX_TILE_COLS) sets the rule to every
 // dtype up to that many columns, straddling from two packs on, and dev.tile_vec
 // (PYSOFTMAX_TILE_VEC=0) keeps every row element-wise. False: `plan` stands.
 template <typename Op>
-bool plan_tile(int64_t rows, int64_t cols, int family, bool may_tile, const DeviceInfo& dev, Plan* plan,
-               int64_t* body_cols) {
+bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_tile, const DeviceInfo& dev,
+               Plan* plan, int64_t* body_cols) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
   const bool wanted = dev.tile_cols > 0 ? cols <= dev.tile_cols : cols >= Op::kTileMinCols && cols <= Op::kTileMaxCols;
-  if (!Op::kTiles || !wanted || !may_tile || dev.tile_bytes <= 0 || family != SOFTMAX_FAMILY_AUTO ||
+  if (!Op::kTiles || !wanted || !may_tile || dev.tile_bytes <= 0 || family != SOFTMAX_FAMILY_AUTO || threads ||
       plan->pack != 1 || (plan->family != SOFTMAX_FAMILY_WARP && plan->family != SOFTMAX_FAMILY_BLOCK))
     return false;
   const auto stage_of = [&](int64_t tile_rows) {  // two buffers
@@ -813,7 +813,9 @@ bool plan_tile(int64_t rows, int64_t cols, int family, bool may_tile, const Devi
   p.threads = kTileThreads;
   const int64_t body = p.straddle ? cols - (kVec - 1) : cols;
   const int64_t lanes = ceil_div(ceil_div(body, p.pack), p.packs);
+  // Straddling rows need a lane for each column outside the body (kMaxGroup and the block have them).
   const int group = next_pow2(std::min<int64_t>(std::max<int64_t>(lanes, p.straddle ? kVec - 1 : 1), kMaxGroup));
+  static_assert(kMaxGroup >= kPackBytes - 1 && kTileThreads >= kPackBytes - 1, "a group holds a row's outside columns");
   const int64_t groups = kTileThreads / group;
   const int64_t budget = std::min<int64_t>(dev.tile_bytes, dev.stage_bytes);
   if (stage_of(groups) <= dev.stage_bytes) {

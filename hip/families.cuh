@@ -638,6 +638,7 @@ __global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void 
   static_assert(kPack == 1 || kPack == kVec, "rows_tile: element-wise rows, or straddling vector packs");
   constexpr int kUnroll = tile_unroll<Op, kPack>() / kPack;  // packs a lane a step
   constexpr int kStep = kPack * kUnroll;
+  static_assert(kUnroll >= 1, "rows_tile: a lane's budget holds less than a pack (policy.cuh, tile_vec_registers)");
   extern __shared__ uint4 tile_stage[];
   __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];

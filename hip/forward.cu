@@ -108,7 +108,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
                     static_cast<long long>(p.cols));
       {
         int64_t body = 0;
-        if (plan_tile<Op>(p.rows, p.cols, p.family, straddles && dense_rows(p, false), dev, &plan, &body))
+        if (plan_tile<Op>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, false), dev, &plan, &body))
           op.cols = body;
       }
       break;

@@ -74,7 +74,7 @@ def tiles():
 def straddles(cols, dtype, direction):
     """Whether the plan works rows of this width in vector packs over their bodies."""
     size = np_dtype(dtype).itemsize
-    if ELEMENT_WISE or size == 16 or cols < 2 * pack(dtype):
+    if ELEMENT_WISE or cols < 2 * pack(dtype):
         return False
     return WIDENED or cols >= VEC_FROM.get((direction, size), 1 << 62)
 
@@ -116,8 +116,8 @@ def check_case(rows, cols, dtype, direction, group):
 
 
 # (rows, cols, dtype, direction, group): widths below a pack, one row, each side of the width
-# from which rows straddle and of the rule's last width, rows a group takes in several steps and
-# rows the block takes, and row counts that leave the last tile partial.
+# from which rows straddle and of the rule's last width, straddling rows a group takes in one
+# step and in two (599), and row counts that leave the last tile partial.
 CASES = [
     (1000, 1, "float16", "backward", 1),
     (999, 3, "bfloat16", "backward", 1),
@@ -128,6 +128,7 @@ CASES = [
     (2050, 127, "bfloat16", "backward", 8),
     (1500, 257, "bfloat16", "backward", 16),
     (700, 513, "float16", "backward", 32),
+    (700, 599, "bfloat16", "backward", 32),
     (3001, 17, "bfloat16", "forward", 1),
     (4099, 33, "bfloat16", "forward", 2),
     (3001, 99, "float16", "forward", 4),

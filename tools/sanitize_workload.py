@@ -24,12 +24,13 @@ def step(name, fn):
 
 
 # rows_tile (dense odd widths whose arrays share their offset inside the pack): the plain fused
-# forward and the backward of the default rule's rows (element-wise and straddling), and with
-# PYSOFTMAX_TILE_COLS widened every path (several steps a group, the block a row, float32 and
-# float64; PYSOFTMAX_TILE_VEC=0 element-wise); the arrays at their allocation's start and one
-# element into it, the last tile partial. SANITIZE_ONLY=tile stops after these.
+# forward and the backward of the default rule's rows (element-wise, straddling in one step and in
+# two); run with PYSOFTMAX_TILE_COLS=1000000 (and PYSOFTMAX_TILE_VEC=0), every path (several steps
+# a group, the block a row, float32 and float64, straddling and element-wise). The arrays at their
+# allocation's start and one element into it, the last tile partial. SANITIZE_ONLY=tile stops
+# after these.
 for dtype in ("float16", "float32", "float64"):
-    for rows, cols in ((1000, 33), (301, 99), (5, 127), (77, 1001), (9, 4097)):
+    for rows, cols in ((1000, 33), (301, 99), (5, 127), (77, 599), (77, 1001), (9, 4097)):
         for off in (0, 1):
             y, dy, out = (arr((rows * cols + off,), dtype)[off:].reshape(rows, cols) for _ in range(3))
             for direction in ("backward", "forward"):

@@ -191,7 +191,7 @@ template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int 
           const Plan element_wise = p;
           ++plans;
           int64_t body = -1;
-          const bool took = plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, dev, &p, &body);
+          const bool took = plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, 0, true, dev, &p, &body);
           const bool wanted = Op::kTiles && (widened ? cols <= widened : cols >= Op::kTileMinCols && cols <= Op::kTileMaxCols);
           const bool registers = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
           const bool fits = 2 * Op::kInputs * tile_packs<T>(1, cols) * kPackBytes <= dev.stage_bytes;
@@ -211,12 +211,13 @@ template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int 
           Plan off = element_wise;
           DeviceInfo none = dev;
           none.tile_bytes = 0;
-          if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, true, none, &off, &body))
+          if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, 0, true, none, &off, &body))
             report(op, "tiles with PYSOFTMAX_TILE_BYTES=0", 0, 1, 0, cols, off);
           off = element_wise;
-          if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_WARP, true, dev, &off, &body) ||
-              plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, false, dev, &off, &body))
-            report(op, "tiles a requested family or arrays that may not tile", 0, 1, 0, cols, off);
+          if (plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_WARP, 0, true, dev, &off, &body) ||
+              plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, 256, true, dev, &off, &body) ||
+              plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, 0, false, dev, &off, &body))
+            report(op, "tiles a requested family or block size, or arrays that may not tile", 0, 1, 0, cols, off);
         }
     }
 }
