@@ -790,9 +790,10 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
 // row's body, cols - (pack - 1) columns from its first boundary, is worked as vector packs of the
 // copy, and *body_cols is then the body's length, which the op's cols must be; the group has a
 // lane for each column outside the body. A requested family or block size is a request for the
-// element-wise plan's kernels: such rows keep them. For measurement, dev.tile_cols (PYSOFTMAX_TILE_COLS) sets the rule to every
-// dtype up to that many columns, straddling from two packs on, and dev.tile_vec
-// (PYSOFTMAX_TILE_VEC=0) keeps every row element-wise. False: `plan` stands.
+// element-wise plan's kernels: such rows keep them. For measurement, dev.tile_cols
+// (PYSOFTMAX_TILE_COLS) sets the rule to every dtype up to that many columns, straddling from two
+// packs on, and dev.tile_vec (PYSOFTMAX_TILE_VEC=0) keeps every row element-wise. False: `plan`
+// stands.
 template <typename Op>
 bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_tile, const DeviceInfo& dev,
                Plan* plan, int64_t* body_cols) {
