@@ -361,13 +361,6 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     else return w;
   };
   auto body = [&](const typename Op::Row& w) { return shifted(w, head_of(w)); };
-  // kStraddle: the one column outside the body that this thread adds (threads 0..kPack-2), in the
-  // body's columns: the head's before it, the rest after it.
-  auto outside = [&](int head) {
-    const int t = static_cast<int>(threadIdx.x);
-    const int64_t c = t < head ? t - head : op.cols + t - head;
-    return Span{c, 0, 1, c + 1};
-  };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
     const typename Op::Row w = body(op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x));
     const int64_t begin = kShared ? blockIdx.x % chunks * chunk_cols : 0;
@@ -392,7 +385,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     // kStraddle: the thread's column outside the body, read before the row's passes so that its
     // latency hides behind them, and held through both.
     Item beside[1];
-    if (adds_outside) op.template load<1, 1>(w, outside(head), true, beside);
+    if (adds_outside) op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), true, beside);
     // Steps that start at or past a causal limit add nothing to the statistics and their results
     // are zeros: neither pass computes them, they are only written (docs/TUNING.md,
     // "rows_stream stop (hip/families.cuh)").
@@ -478,7 +471,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     pass(w, begin, end, stop, apply_store, refills ? &next : nullptr, false, kEarly ? 1 : 0);
     if (adds_outside) {
       op.template apply<1>(beside, fin);
-      op.template store<1, 1>(w, outside(head), beside);
+      op.template store<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), beside);
     }
     for (int64_t base = begin; base < end; base += stride) {
       if (base < stop) continue;
@@ -621,7 +614,10 @@ template <typename Op, int kPack> constexpr int tile_registers() {
 template <typename Op, int kPack> constexpr int tile_unroll() {
   return tile_registers<Op, kPack>() / (Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
 }
-template <typename Op, int kPack> constexpr int tile_min_blocks() { return tile_registers<Op, kPack>() < kRowRegisters ? 3 : 1; }
+constexpr int kTileCutBlocks = 3;  // stages of kTileBytes (dispatch.cuh) an SM's shared memory holds
+template <typename Op, int kPack> constexpr int tile_min_blocks() {
+  return tile_registers<Op, kPack>() < kRowRegisters ? kTileCutBlocks : 1;
+}
 // Packs of one array's copy: the range of `rows` rows and the partial pack before it.
 template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t rows, int64_t cols) {
   return (vec_pack<T>() - 1 + rows * cols + vec_pack<T>() - 1) / vec_pack<T>();
@@ -678,13 +674,8 @@ __global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void 
   };
   auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
   const int64_t step_cols = int64_t{width} * kStep;
-  // kStraddle: the one column outside the body that this lane takes (lanes 0..kPack-2), in the
-  // body's columns: the head's before it, the rest after it.
+  // kStraddle: lanes 0..kPack-2 take one column outside the body each (outside_column).
   const bool outside_lane = kStraddle && lane < kPack - 1;
-  auto outside = [&](int h) {
-    const int64_t c = lane < h ? lane - h : op.cols + lane - h;
-    return Span{c, 0, 1, c + 1};
-  };
   int buffer = 0;
   fetch(int64_t{blockIdx.x} * tile_rows, 0);
   for (int64_t t0 = int64_t{blockIdx.x} * tile_rows; t0 < rows; t0 += tile_stride, buffer ^= 1) {
@@ -709,7 +700,7 @@ __global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void 
       }
       // kStraddle: v[kStep] is the lane's column outside the body (a pad on the other lanes).
       Item v[kStep + (kStraddle ? 1 : 0)];
-      if constexpr (kStraddle) op.template load<1, 1>(w, outside(h), live && outside_lane, v + kStep);
+      if constexpr (kStraddle) op.template load<1, 1>(w, outside_column(lane, h, op.cols), live && outside_lane, v + kStep);
       if (op.cols <= step_cols) {
         const Span span{0, lane, width, op.cols};
         op.template load<kPack, kUnroll>(w, span, live, v);
@@ -726,7 +717,7 @@ __global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void 
           if (live) op.template store<kPack, kUnroll, true>(w, span, u);
         });
       }
-      if (kStraddle && live && outside_lane) op.template store<1, 1, true>(w, outside(h), v + kStep);
+      if (kStraddle && live && outside_lane) op.template store<1, 1, true>(w, outside_column(lane, h, op.cols), v + kStep);
     }
     __syncthreads();
     T* dst = op.output_at(t0) - head;

@@ -73,6 +73,15 @@ template <bool kNarrow = false> struct SpanT {
 };
 using Span = SpanT<>;
 
+// Straddling rows (rows_stream and rows_tile, kStraddle): a row's body is cols - (pack - 1)
+// columns from its first pack boundary, `head` elements in, walked as packs; the pack - 1 columns
+// outside it are one element each of threads or lanes k = 0..pack-2. The column of k, in the
+// body's columns (`body_cols` long): the head's before the body (negative), the rest after it.
+__device__ __forceinline__ Span outside_column(int k, int head, int64_t body_cols) {
+  const int64_t c = k < head ? k - head : body_cols + k - head;
+  return Span{c, 0, 1, c + 1};
+}
+
 // A thread's slots in shared memory for packs copied ahead of use (every family that stages): slot j
 // of thread t is the 16 bytes at (first + j) * threads + t, so a warp's slots are consecutive
 // (no bank conflicts) and no thread ever touches another's, which is why a copy needs only the

@@ -115,7 +115,9 @@ def test_plans():
             assert p["family"] == "warp" and (p["packs"], p["group"]) == w, (dt, cols, direction, p)
             if p["packs"] in (3, 5):
                 assert p["rows_per_group"] == 1, p
-    assert _ops.plan((4096, 96), "bfloat16", aligned=False)["packs"] in (4, 8)  # element-wise: the scalar table
+    # Element-wise rows take the scalar table (asked for by family: this width is tiled by default).
+    assert _ops.plan((4096, 96), "bfloat16", aligned=False, family="warp")["packs"] in (4, 8)
+    assert _ops.plan((4096, 96), "bfloat16", aligned=False)["family"] == "tile"
     # Heads of `cols` queries (the causal limit's queries divide the rows): 4800 rows, or many.
     masked = lambda cols, dt="bfloat16", rows=4800: _ops.plan((rows, cols), dt, mask=True, causal_queries=cols)
     assert (masked(48)["packs"], masked(48)["group"]) == (2, 4)  # three would be read ahead unstaged
