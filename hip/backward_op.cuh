@@ -76,7 +76,7 @@ template <typename T> struct BackwardOp {
     prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
   }
 
-  template <int kPack, int kPacks, typename S>
+  template <int kPack, int kPacks, bool kRowHeld = false, typename S>  // kRowHeld: as the forward's (no mask here)
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, Item* v, const Stage* st = nullptr) const {
     C a[kPacks * kPack], b[kPacks * kPack];
     const Stage dy_st = st ? st->at(kPacks) : Stage{};

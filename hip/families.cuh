@@ -149,7 +149,7 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
       } else {
         const int64_t r = base + k * kGroups + group;
         const Stage st = stage.at(k * kPacks * Op::kStaged);
-        op.template load<kPack, kPacks>(row_at(op, r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
+        op.template load<kPack, kPacks, true>(row_at(op, r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
         advance_walk(op, walk[k], step);
       }
     }
@@ -192,7 +192,7 @@ void rows_block(const Op op, int64_t rows) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Item v[kItems];
     if (kSlots) copy_async_wait();
-    op.template load<kPack, kPacks>(op.row(r), span, true, v, kSlots ? &stage : nullptr);
+    op.template load<kPack, kPacks, true>(op.row(r), span, true, v, kSlots ? &stage : nullptr);
     if (kSlots) {
       copy_async_reuse_fence();
       if (r + gridDim.x < rows)

@@ -272,7 +272,10 @@ template <typename T, int kMask> struct ForwardOp {
     prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, st);
   }
 
-  template <int kPack, int kPacks, typename S>
+  // kRowHeld: the span is the thread's whole share of a row that it holds in registers (rows_warp,
+  // rows_block), where an element-wise span's mask bytes are all read before any is used; the
+  // stream's steps read them as they use them (read first, its kernels spilled and ran slower).
+  template <int kPack, int kPacks, bool kRowHeld = false, typename S>
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
     if constexpr (kBool && kPack > 1 && sizeof(T) <= 4) {
@@ -295,6 +298,20 @@ template <typename T, int kMask> struct ForwardOp {
           case SOFTMAX_FLOAT32: add_mask_span<float, kPack, kPacks>(w, s, reach, v); return;
           case SOFTMAX_FLOAT64: add_mask_span<double, kPack, kPacks>(w, s, reach, v); return;
           default: break;  // no mask, or a boolean one under an unfoldable scale: below
+        }
+      }
+      if constexpr (kMasked && kPack == 1 && kRowHeld) {
+        if (mask) {  // boolean here: every byte read before any is used (a use between two reads
+                     // holds the second until the first has arrived)
+          unsigned char keep[kPacks];
+#pragma unroll
+          for (int j = 0; j < kPacks; ++j) {
+            const int o = s.template off<1>(j);
+            keep[j] = reach.template n<1>(o) > 0 ? w.mask[s.template col<1>(j) * mask_col_stride] : 0;
+          }
+#pragma unroll
+          for (int j = 0; j < kPacks; ++j) v[j] = keep[j] ? scaled(v[j], C(0)) : pad();
+          return;
         }
       }
 #pragma unroll
