@@ -605,18 +605,19 @@ void rows_passes(const Op op, int64_t rows, int group) {
 // Op::kInputs copies of tile_packs(tile_rows, cols) packs.
 constexpr int kTileThreads = 256;
 // Items a lane takes a step: kRowRegisters widened values of each array (a backward item holds
-// two), or Op::kTileVecRegisters for straddling rows. Rows whose budget is cut take three blocks
-// an SM (as many stages of kTileBytes as its shared memory holds), where the whole budget held
-// them to two (docs/TUNING.md, "plan_tile").
+// two), or Op::kTileVecRegisters for straddling rows. The register caps are the policy's
+// (tile_blocks, tile_vec_blocks): the straddling forward, its budget cut, at three blocks an SM
+// (as many stages of kTileBytes as its shared memory holds), where the whole budget held it to
+// two; the element-wise 16-bit backward at four, the stages its short rows take (unbounded, it
+// took 80 registers and three; docs/TUNING.md, "plan_tile").
 template <typename Op, int kPack> constexpr int tile_registers() {
   return kPack > 1 ? Op::kTileVecRegisters : kRowRegisters;
 }
 template <typename Op, int kPack> constexpr int tile_unroll() {
   return tile_registers<Op, kPack>() / (Op::kInputs * static_cast<int>(sizeof(typename Op::C) / 4));
 }
-constexpr int kTileCutBlocks = 3;  // stages of kTileBytes (dispatch.cuh) an SM's shared memory holds
 template <typename Op, int kPack> constexpr int tile_min_blocks() {
-  return tile_registers<Op, kPack>() < kRowRegisters ? kTileCutBlocks : 1;
+  return kPack > 1 ? Op::kTileVecBlocks : Op::kTileBlocks;
 }
 // Packs of one array's copy: the range of `rows` rows and the partial pack before it.
 template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t rows, int64_t cols) {

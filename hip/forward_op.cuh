@@ -45,6 +45,7 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int64_t kTileMinCols = kPolicy.tile_min_cols, kTileMaxCols = kPolicy.tile_max_cols;
   static constexpr int64_t kTileVecCols = kPolicy.tile_vec_cols;
   static constexpr int kTileVecRegisters = kPolicy.tile_vec_registers;
+  static constexpr int kTileBlocks = kPolicy.tile_blocks, kTileVecBlocks = kPolicy.tile_vec_blocks;
 
   const T* x;
   T* y;
