@@ -47,6 +47,8 @@
 //   launch_cooperative(kernel, blocks, threads, shared, stream, args...)   host: a launch whose
 //               blocks all run at once (or none does: the launch fails), so that they may wait on
 //               each other; where the device says hipDeviceAttributeCooperativeLaunch.
+//   max_active_blocks(kernel, threads, shared)   host: how many blocks of `kernel` an SM runs at
+//               once at that size (0 if the query fails; the failure is cleared).
 //   spin_pause()            a short sleep inside a wait loop on global memory, so the waiting
 //               warps leave the issue slots and the memory system to the others.
 //   load_volatile(p) / store_volatile(p, v)   a value of any trivially copyable type read from
@@ -90,6 +92,7 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipDeviceAttributeL2CacheSize cudaDevAttrL2CacheSize
 #define hipLaunchCooperativeKernel cudaLaunchCooperativeKernel
 #define hipMemsetAsync cudaMemsetAsync
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif
 
 #if defined(SOFTMAX_PLATFORM_AMD)
@@ -343,6 +346,16 @@ hipError_t launch_cooperative(void (*kernel)(Params...), unsigned blocks, unsign
   void* argv[] = {static_cast<void*>(&args)...};
   return hipLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(threads), argv,
                                     static_cast<unsigned>(shared), stream);
+}
+
+template <typename... Params>
+int max_active_blocks(void (*kernel)(Params...), unsigned threads, size_t shared) {
+  int n = 0;
+  if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(kernel), static_cast<int>(threads),
+                                                   shared) == hipSuccess)
+    return n;
+  (void)hipGetLastError();
+  return 0;
 }
 
 __device__ __forceinline__ void spin_pause() {

@@ -117,6 +117,7 @@ struct DeviceInfo {
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
   bool tile_vec = true;                  // rows_tile's rows may straddle in vector packs (PYSOFTMAX_TILE_VEC)
+  bool tile_fit = false;                 // rows_tile's grid no larger than its kernel runs at once (PYSOFTMAX_TILE_FIT)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -180,6 +181,10 @@ inline int device_info(DeviceInfo* out) {
   if (const char* tc = getenv("PYSOFTMAX_TILE_COLS")) info.tile_cols = atoll(tc);
   // PYSOFTMAX_TILE_VEC, read once a device: "0" works tiled rows element by element (measurement).
   if (const char* tv = getenv("PYSOFTMAX_TILE_VEC")) info.tile_vec = !(tv[0] == '0' && !tv[1]);
+  // PYSOFTMAX_TILE_FIT, read once a device: "1" caps rows_tile's grid at the blocks its kernel
+  // runs at once, where plan_tile's grid counts the blocks the shared memory holds (measurement;
+  // docs/NOTES.md §27 item 6).
+  if (const char* tf = getenv("PYSOFTMAX_TILE_FIT")) info.tile_fit = tf[0] == '1' && !tf[1];
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -202,6 +207,7 @@ struct Plan {
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
   int tile = 0;           // rows_tile: rows a block stages at a time; its group is `group` lanes (0: the block)
+  int fit_sms = 0;        // > 0: launch() caps the grid at the blocks the kernel runs at once on this many SMs
 };
 constexpr int kPassesFamily = 100;
 constexpr int kTileFamily = 101;
@@ -572,6 +578,10 @@ int launch(void (*kernel)(Args...), const char* family, const Plan& p, hipStream
                   static_cast<long long>(p.stage), hipGetErrorString(e));
   }
   int64_t blocks = p.blocks;
+  if (p.fit_sms > 0) {  // (the larger shared memory above is allowed first: the query counts it)
+    const int fit = max_active_blocks(kernel, static_cast<unsigned>(p.threads), static_cast<size_t>(p.stage));
+    if (fit > 0) blocks = std::min<int64_t>(blocks, int64_t{fit} * p.fit_sms);
+  }
   if (p.cluster > 1) {
     // The clusters walk their rows refilling their stages as they go: clusters past those that
     // run at once would start with a fill that nothing of theirs overlaps (docs/TUNING.md,
@@ -830,10 +840,12 @@ bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_til
   }
   p.tile = static_cast<int>(std::min<int64_t>(p.tile, rows));
   p.stage = stage_of(p.tile);
-  // As many blocks as the SM's shared memory holds at once, walking the tiles.
+  // As many blocks as the SM's shared memory holds at once, walking the tiles (with dev.tile_fit,
+  // launch() also caps them at the blocks the kernel's registers let run at once).
   const int64_t sm_shared = dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock;
   const int64_t per_sm = std::max<int64_t>(1, sm_shared / (p.stage + kStaticSharedBytes + kSharedReservedPerBlock));
   p.blocks = std::min<int64_t>(ceil_div(rows, p.tile), int64_t{dev.sms} * std::min<int64_t>(per_sm, kMaxBlocksPerSm));
+  p.fit_sms = dev.tile_fit ? dev.sms : 0;
   *plan = p;
   *body_cols = body;
   return true;

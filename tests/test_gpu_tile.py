@@ -11,7 +11,8 @@ tile takes the plain forward's 16-bit rows of 16 to 128 columns (straddling from
 rows of 16 to 99, and the backward's 16-bit rows of up to 600 (straddling from 112).
 PYSOFTMAX_TILE_COLS widens that to every dtype and width (straddling from two packs), and
 PYSOFTMAX_TILE_VEC=0 keeps every row element-wise: test_tile_every_path_widened runs both in
-subprocesses to reach the kernel's other paths.
+subprocesses to reach the kernel's other paths. PYSOFTMAX_TILE_FIT=1 caps the grid at the blocks
+the kernel runs at once: test_tile_rows_fitted_grid runs the default cases so.
 
 The tests check the plan, every column's value against float64, that nothing outside the
 arrays is written (outputs inside poisoned buffers), the partial packs at a tile's two ends at
@@ -181,6 +182,19 @@ def test_tile_every_path_widened(vec):
                           env=env, capture_output=True, text=True, timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     assert done.returncode == 0 and f"{len(WIDE_CASES)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_tile_rows_fitted_grid():
+    """The default cases with PYSOFTMAX_TILE_FIT=1 (launch() caps the tile's grid at the blocks
+    its kernel runs at once: fewer blocks, each walking more tiles), in a process of their own."""
+    if WIDENED or os.environ.get("PYSOFTMAX_TILE_FIT"):
+        pytest.skip("this process runs under another rule")
+    env = dict(os.environ, PYSOFTMAX_TILE_FIT="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "test_tile_rows and not widened and not fitted"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert done.returncode == 0 and f"{len(CASES)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("dtype,cols,direction", [("bfloat16", 99, "backward"), ("float16", 127, "backward"),
