@@ -289,8 +289,8 @@ template <typename T, int kMask> struct ForwardOp {
     // Per pack: columns read and inside the causal limit are scaled (plus the additive mask);
     // the others, and the boolean mask's False columns, become the pad. A boolean mask here is
     // read a pack at a time (masks are mostly broadcast rows served from cache, and holding them
-    // for every pack would double the registers the row needs); the additive one as
-    // add_mask_span says.
+    // for every pack would double the registers the row needs), except in element-wise spans of a
+    // held row (kRowHeld), whose bytes are all read first; the additive one as add_mask_span says.
     with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
       if constexpr (kMask == kAdditive) {
         switch (mask ? mask_dtype : SOFTMAX_NONE) {

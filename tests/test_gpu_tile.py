@@ -146,6 +146,17 @@ def test_tile_rows(rows, cols, dtype, direction, group):
     check_case(rows, cols, dtype, direction, group)
 
 
+# Tiles enough for grids past what the kernels run at once on an H200 (the element-wise forward
+# fits two blocks an SM against plan_tile's four: 313 tiles; the straddling backward two against
+# six: 1250), where PYSOFTMAX_TILE_FIT's cap takes effect (test_tile_rows_fitted_grid).
+MANY_TILES = [(120000, 33, "bfloat16", "forward", 2), (20000, 257, "bfloat16", "backward", 16)]
+
+
+@pytest.mark.parametrize("rows,cols,dtype,direction,group", MANY_TILES)
+def test_tile_rows_many_tiles(rows, cols, dtype, direction, group):
+    check_case(rows, cols, dtype, direction, group)
+
+
 # With PYSOFTMAX_TILE_COLS=1000000 (test_tile_every_path_widened, once straddling, once
 # element-wise): a group's several steps, the block a row (rows too wide for a group each in the
 # stage), float32 and float64, and widths between the powers of two of the pack.
@@ -186,7 +197,8 @@ def test_tile_every_path_widened(vec):
 
 def test_tile_rows_fitted_grid():
     """The default cases with PYSOFTMAX_TILE_FIT=1 (launch() caps the tile's grid at the blocks
-    its kernel runs at once: fewer blocks, each walking more tiles), in a process of their own."""
+    its kernel runs at once: fewer blocks, each walking more tiles; MANY_TILES reach the cap), in
+    a process of their own."""
     if WIDENED or os.environ.get("PYSOFTMAX_TILE_FIT"):
         pytest.skip("this process runs under another rule")
     env = dict(os.environ, PYSOFTMAX_TILE_FIT="1")
@@ -194,7 +206,8 @@ def test_tile_rows_fitted_grid():
                            "test_tile_rows and not widened and not fitted"], env=env, capture_output=True, text=True,
                           timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
-    assert done.returncode == 0 and f"{len(CASES)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and f"{len(CASES) + len(MANY_TILES)} passed" in summary, \
+        done.stdout[-4000:] + done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("dtype,cols,direction", [("bfloat16", 99, "backward"), ("float16", 127, "backward"),
