@@ -64,6 +64,28 @@ def poisoned(shape, dtype, value=numpy.nan):
     return to_device(numpy.full(shape, value), dtype)
 
 
+def pack(dtype):
+    """Elements of `dtype` in a 16-byte vector pack."""
+    return 16 // np_dtype(dtype).itemsize
+
+
+def dense_at(host64, dtype, offset, poison=False):
+    """A dense device array of host64's shape that starts `offset` elements into a flat buffer
+    (a pack of poison, or of random values, on each side), and the buffer."""
+    rows, cols = host64.shape
+    size = rows * cols + 2 * pack(dtype)
+    flat64 = numpy.full(size, numpy.nan) if poison else numpy.random.default_rng(1).standard_normal(size)
+    flat64[offset:offset + rows * cols] = host64.reshape(-1)
+    flat = to_device(flat64, dtype)
+    return flat, flat[offset:offset + rows * cols].reshape(rows, cols)
+
+
+def written_outside(flat, offset, size):
+    """Elements of a poisoned flat buffer (dense_at) written outside [offset, offset + size)."""
+    host = to_host64(flat)
+    return int((~numpy.isnan(numpy.concatenate([host[:offset], host[offset + size:]]))).sum())
+
+
 def ref_softmax(x, scale=1.0, mask=None, causal=False):
     """softmax(x * scale + mask) in float64; rows with nothing kept are zeros."""
     z = numpy.asarray(x, numpy.float64) * scale

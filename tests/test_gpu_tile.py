@@ -26,7 +26,8 @@ import sys
 import numpy
 import pytest
 
-from _util import assert_close, assert_grad_close, np_dtype, poisoned, ref_softmax, rng, rounded, to_device, to_host64
+from _util import (assert_close, assert_grad_close, dense_at, np_dtype, pack, poisoned, ref_softmax, rng, rounded,
+                   to_device, to_host64, written_outside)
 
 pytestmark = pytest.mark.gpu
 
@@ -38,25 +39,9 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def pack(dtype):
-    return 16 // np_dtype(dtype).itemsize
-
-
-def dense_at(host64, dtype, offset, poison=False):
-    """A dense device array of host64's shape that starts `offset` elements into a flat buffer
-    (a pack of poison, or of random values, on each side), and the buffer."""
-    rows, cols = host64.shape
-    size = rows * cols + 2 * pack(dtype)
-    flat64 = numpy.full(size, numpy.nan) if poison else numpy.random.default_rng(1).standard_normal(size)
-    flat64[offset:offset + rows * cols] = host64.reshape(-1)
-    flat = to_device(flat64, dtype)
-    return flat, flat[offset:offset + rows * cols].reshape(rows, cols)
-
-
 def assert_kept(flat, offset, size, what):
-    host = to_host64(flat)
-    outside = numpy.concatenate([host[:offset], host[offset + size:]])
-    assert numpy.isnan(outside).all(), f"{what}: {int((~numpy.isnan(outside)).sum())} elements outside the array written"
+    n = written_outside(flat, offset, size)
+    assert n == 0, f"{what}: {n} elements outside the array written"
 
 
 WIDENED = os.environ.get("PYSOFTMAX_TILE_COLS") == "1000000"

@@ -11,7 +11,7 @@ the rows cross every family's thresholds.
 import numpy
 import pytest
 
-from _util import (DTYPES, assert_close, assert_grad_close, np_dtype, poisoned, ref_softmax, rng, rounded, to_device,
+from _util import (DTYPES, assert_close, assert_grad_close, pack, poisoned, ref_softmax, rng, rounded, to_device,
                    to_host64)
 
 pytestmark = pytest.mark.gpu
@@ -22,10 +22,6 @@ try:
     from pysoftmax import _ops
 except ImportError:  # pragma: no cover
     pass
-
-
-def pack(dtype):
-    return 16 // np_dtype(dtype).itemsize
 
 
 def view_of(buf, offset, cols):
