@@ -606,10 +606,10 @@ void rows_passes(const Op op, int64_t rows, int group) {
 constexpr int kTileThreads = 256;
 // Items a lane takes a step: kRowRegisters widened values of each array (a backward item holds
 // two), or Op::kTileVecRegisters for straddling rows. The register caps are the policy's
-// (tile_blocks, tile_vec_blocks): the straddling forward, its budget cut, at three blocks an SM
-// (as many stages of kTileBytes as its shared memory holds), where the whole budget held it to
-// two; the element-wise 16-bit backward at four, the stages its short rows take (unbounded, it
-// took 80 registers and three; docs/TUNING.md, "plan_tile").
+// (tile_blocks, tile_vec_blocks), so that the blocks plan_tile's grid puts on an SM run at once:
+// the straddling forward, its budget cut, at three (as many stages of kTileBytes as an SM's
+// shared memory holds), the element-wise 16-bit backward at four, the stages its short rows take
+// (docs/TUNING.md, "plan_tile").
 template <typename Op, int kPack> constexpr int tile_registers() {
   return kPack > 1 ? Op::kTileVecRegisters : kRowRegisters;
 }

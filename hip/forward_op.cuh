@@ -275,7 +275,8 @@ template <typename T, int kMask> struct ForwardOp {
 
   // kRowHeld: the span is the thread's whole share of a row that it holds in registers (rows_warp,
   // rows_block), where an element-wise span's mask bytes are all read before any is used; the
-  // stream's steps read them as they use them (read first, its kernels spilled and ran slower).
+  // stream's steps read them as they use them, since reading them first spilled there
+  // (docs/TUNING.md, "ForwardOp::load kRowHeld").
   template <int kPack, int kPacks, bool kRowHeld = false, typename S>
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, C* v, const Stage* st = nullptr) const {
     const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
