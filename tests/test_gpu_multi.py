@@ -33,8 +33,9 @@ pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(_devices() < 2, reason="multi-GPU tests need two visible GPUs")
 
 # Shapes that reach the families and the workspace: rows_warp, rows_block, the resident stream,
-# the two-launch split (one long odd row, never staged: a workspace), the cooperative grid (a
-# workspace, on GPUs that launch cooperatively).
+# one long odd row (straddling; on the cooperative grid where the GPU launches cooperatively, a
+# workspace) and three long rows (the grid too). SPLIT is also run with a boolean mask: masked rows
+# are never staged, so it takes the two-launch split (a workspace of another layout).
 SHAPES = [(4099, 100), (300, 5000), (64, 70000), (1, 3_000_001), (3, 1_048_576)]
 SPLIT = (1, 3_000_001)
 
@@ -50,9 +51,6 @@ def test_work_lands_on_the_inputs_device(shape):
     """x on device 1 while device 0 is current: the output, out= and the workspace are on device
     1, the values right, and device 0's current stream untouched."""
     g = rng()
-    if shape == SPLIT:
-        p = on(1, _ops.plan, shape, "float32")
-        assert p["grid"] == 0 and p["chunks"] > 1 and p["workspace"] > 0, p
     x64 = rounded(g.standard_normal(shape) * 3, "float32")
     x = on(1, to_device, x64, "float32")
     assert x.device.id == 1 and cupy.cuda.runtime.getDevice() == 0
@@ -61,10 +59,19 @@ def test_work_lands_on_the_inputs_device(shape):
     out = on(1, poisoned, shape, "float32")
     y2 = pysoftmax.fused(x, out=out)
     assert y2.data.ptr == out.data.ptr
+    if shape == SPLIT:
+        p = on(1, _ops.plan, shape, "float32", mask=True)
+        assert p["grid"] == 0 and p["chunks"] > 1 and p["workspace"] > 0, p
+        keep64 = g.random((1, shape[1])) < 0.7
+        keep = on(1, cupy.asarray, keep64)
+        masked = on(1, poisoned, shape, "float32")
+        pysoftmax.fused(x, mask=keep, out=masked)
     with cupy.cuda.Device(1):
         cupy.cuda.Device(1).synchronize()
         assert_close(to_host64(y), ref_softmax(x64), "float32", f"fused {shape} seed={g.seed}")
         assert_close(to_host64(out), ref_softmax(x64), "float32", f"out= {shape} seed={g.seed}")
+        if shape == SPLIT:
+            assert_close(to_host64(masked), ref_softmax(x64, mask=keep64), "float32", f"masked {shape} seed={g.seed}")
         dy64 = rounded(g.standard_normal(shape), "float32")
         dy = to_device(dy64, "float32")
         y64 = to_host64(y)
