@@ -104,6 +104,12 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // it works the one before (plan_tile).
 constexpr int64_t kTileBytes = 64 << 10;
 
+// plan_passes' fill rule: its narrowest group and the most steps a row. Narrower groups (a warp's
+// load over 16 rows or more at a time) and longer walks measured slower (docs/TUNING.md,
+// "rows_passes").
+constexpr int kPassesFillGroup = 4;
+constexpr int kPassesFillSteps = 3;
+
 struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
@@ -117,7 +123,8 @@ struct DeviceInfo {
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
   bool tile_vec = true;                  // rows_tile's rows may straddle in vector packs (PYSOFTMAX_TILE_VEC)
-  bool tile_fit = false;                 // rows_tile's grid no larger than its kernel runs at once (PYSOFTMAX_TILE_FIT)
+  bool tile_fit = true;                  // rows_tile's grid no larger than its kernel runs at once (PYSOFTMAX_TILE_FIT)
+  int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -181,10 +188,13 @@ inline int device_info(DeviceInfo* out) {
   if (const char* tc = getenv("PYSOFTMAX_TILE_COLS")) info.tile_cols = atoll(tc);
   // PYSOFTMAX_TILE_VEC, read once a device: "0" works tiled rows element by element (measurement).
   if (const char* tv = getenv("PYSOFTMAX_TILE_VEC")) info.tile_vec = !(tv[0] == '0' && !tv[1]);
-  // PYSOFTMAX_TILE_FIT, read once a device: "1" caps rows_tile's grid at the blocks its kernel
-  // runs at once, where plan_tile's grid counts the blocks the shared memory holds (measurement;
-  // docs/NOTES.md §27 item 6).
-  if (const char* tf = getenv("PYSOFTMAX_TILE_FIT")) info.tile_fit = tf[0] == '1' && !tf[1];
+  // PYSOFTMAX_TILE_FIT, read once a device: "0" leaves rows_tile's grid at the blocks the shared
+  // memory holds, uncapped by the blocks its kernel runs at once (measurement; docs/TUNING.md,
+  // "plan_tile").
+  if (const char* tf = getenv("PYSOFTMAX_TILE_FIT")) info.tile_fit = !(tf[0] == '0' && !tf[1]);
+  // PYSOFTMAX_PASSES_FILL, read once a device: plan_passes' fill rule down to groups of N lanes;
+  // "0" turns it off (measurement).
+  if (const char* pf = getenv("PYSOFTMAX_PASSES_FILL")) info.passes_fill = atoi(pf);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -496,10 +506,10 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
 constexpr int kNaiveBackwardGroupSteps = 2;
 
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
-// two up to kMaxGroup, as few as hold the row in one step), several rows a block of
-// kBlockTargetThreads, where the row takes at most `max_group` lanes `steps` times; else one
-// block a row, as wide as the row needs up to kStreamThreads (group 0). False where the row is
-// longer and `block` is false: the caller streams it instead.
+// two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
+// several rows a block of kBlockTargetThreads, where the row takes at most `max_group` lanes
+// `steps` times; else one block a row, as wide as the row needs up to kStreamThreads (group 0).
+// False where the row is longer and `block` is false: the caller streams it instead.
 template <typename Op>
 bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group, bool block, const DeviceInfo& dev,
                  Plan* out, int steps = 1) {
@@ -514,6 +524,15 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   if (lanes <= int64_t{max_group} * steps || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
     p.group = static_cast<int>(std::min<int64_t>(next_pow2(lanes), max_group));
+    // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps
+    // idle (16-bit rows of 384 columns: 12 lanes' worth, 4 lanes of 3 steps, not 16 lanes with a
+    // quarter idle), down to kPassesFillGroup lanes and up to kPassesFillSteps steps; ties keep
+    // the wider group.
+    if (dev.passes_fill > 0) {
+      int64_t best = int64_t{p.group} * ceil_div(lanes, p.group);
+      for (int g = p.group / 2; g >= dev.passes_fill && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps); g /= 2)
+        if (int64_t{g} * ceil_div(lanes, g) < best) best = int64_t{g} * ceil_div(lanes, g), p.group = g;
+    }
     p.threads = kBlockTargetThreads;
     p.blocks = walking_grid(ceil_div(rows, p.threads / p.group), dev);
   } else if (block) {
@@ -840,8 +859,9 @@ bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_til
   }
   p.tile = static_cast<int>(std::min<int64_t>(p.tile, rows));
   p.stage = stage_of(p.tile);
-  // As many blocks as the SM's shared memory holds at once, walking the tiles (with dev.tile_fit,
-  // launch() also caps them at the blocks the kernel's registers let run at once).
+  // As many blocks as the SM's shared memory holds at once, walking the tiles; launch() also caps
+  // them at the blocks the kernel's registers let run at once (dev.tile_fit), so that no partial
+  // last wave of blocks walks its tiles alone.
   const int64_t sm_shared = dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock;
   const int64_t per_sm = std::max<int64_t>(1, sm_shared / (p.stage + kStaticSharedBytes + kSharedReservedPerBlock));
   p.blocks = std::min<int64_t>(ceil_div(rows, p.tile), int64_t{dev.sms} * std::min<int64_t>(per_sm, kMaxBlocksPerSm));

@@ -58,9 +58,23 @@ def test_reference_algorithms(algo, cols, dtype):
 # (4 vector packs: 16 float32, 32 16-bit, 8 float64 columns; 8 elements of an unaligned row), in
 # groups of up to 32 lanes. online takes them where the stream's block would leave lanes idle
 # (fewer than 32 of its 4-pack or 16-element lanes) and for 16-bit rows up to a group's step;
-# naive everywhere (longer rows a block a row). Columns on both sides of each width.
-PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024,
-               1025, 2049, 5000]
+# naive everywhere (longer rows a block a row). Columns on both sides of each width, and widths
+# where the fill rule takes a narrower group over more steps (160, 320, 384, 640, 768).
+PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 160, 255, 256, 257, 320, 384, 511, 512, 513, 640,
+               768, 1000, 1023, 1024, 1025, 2049, 5000]
+
+
+def filled_group(lanes, steps):
+    """plan_passes' group for rows of `lanes` lanes' worth taking up to `steps` steps: the power of
+    two holding them (at most 32), then the fill rule: a narrower group (down to 4 lanes, up to 3
+    steps or `steps`) where its lane-steps are fewer, ties to the wider."""
+    group = min(1 << max(0, (lanes - 1).bit_length()), 32)
+    best, g = group * -(-lanes // group), group // 2
+    while g >= 4 and -(-lanes // g) <= max(steps, 3):
+        if g * -(-lanes // g) < best:
+            best, group = g * -(-lanes // g), g
+        g //= 2
+    return group
 
 
 def passes_plan(algo, cols, dtype):
@@ -71,7 +85,7 @@ def passes_plan(algo, cols, dtype):
     packs = -(-cols // pack)
     per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
     lanes = -(-packs // per_lane)
-    group = 1 << max(0, (lanes - 1).bit_length()) if lanes <= 32 else 0
+    group = filled_group(lanes, 1) if lanes <= 32 else 0
     if algo == "naive":
         return "passes", group
     stream_lanes = -(-packs // (4 if vec else 16))
@@ -105,11 +119,11 @@ def naive_backward_plan(cols, dtype):
     per_lane = max(1, min(32 // (pack * 2 * (2 if item == 8 else 1)), 8, 64 // (pack * item)))
     lanes = -(-(-(-cols // pack)) // per_lane)
     steps = 2 if pack > 1 else 1
-    return ("passes", min(1 << max(0, (lanes - 1).bit_length()), 32)) if lanes <= 32 * steps else ("stream", None)
+    return ("passes", filled_group(lanes, steps)) if lanes <= 32 * steps else ("stream", None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 255, 256, 257, 512, 513, 1024, 1025, 2048, 3000])
+@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025, 2048, 3000])
 def test_naive_backward_in_groups(cols, dtype):
     """naive_backward on short rows in groups of lanes, up to two steps of a full group (longer
     rows: the stream)."""

@@ -11,8 +11,9 @@ tile takes the plain forward's 16-bit rows of 16 to 128 columns (straddling from
 rows of 16 to 99, and the backward's 16-bit rows of up to 600 (straddling from 112).
 PYSOFTMAX_TILE_COLS widens that to every dtype and width (straddling from two packs), and
 PYSOFTMAX_TILE_VEC=0 keeps every row element-wise: test_tile_every_path_widened runs both in
-subprocesses to reach the kernel's other paths. PYSOFTMAX_TILE_FIT=1 caps the grid at the blocks
-the kernel runs at once: test_tile_rows_fitted_grid runs the default cases so.
+subprocesses to reach the kernel's other paths. The grid is capped at the blocks the kernel runs
+at once; PYSOFTMAX_TILE_FIT=0 leaves it at the blocks the shared memory holds:
+test_tile_rows_unfitted_grid runs the default cases so.
 
 The tests check the plan, every column's value against float64, that nothing outside the
 arrays is written (outputs inside poisoned buffers), the partial packs at a tile's two ends at
@@ -133,7 +134,7 @@ def test_tile_rows(rows, cols, dtype, direction, group):
 
 # Tiles enough for grids past what the kernels run at once on an H200 (the element-wise forward
 # fits two blocks an SM against plan_tile's four: 313 tiles; the straddling backward two against
-# six: 1250), where PYSOFTMAX_TILE_FIT's cap takes effect (test_tile_rows_fitted_grid).
+# six: 1250), where the cap on the grid takes effect (and test_tile_rows_unfitted_grid lifts it).
 MANY_TILES = [(120000, 33, "bfloat16", "forward", 2), (20000, 257, "bfloat16", "backward", 16)]
 
 
@@ -180,15 +181,15 @@ def test_tile_every_path_widened(vec):
     assert done.returncode == 0 and f"{len(WIDE_CASES)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
 
 
-def test_tile_rows_fitted_grid():
-    """The default cases with PYSOFTMAX_TILE_FIT=1 (launch() caps the tile's grid at the blocks
-    its kernel runs at once: fewer blocks, each walking more tiles; MANY_TILES reach the cap), in
-    a process of their own."""
+def test_tile_rows_unfitted_grid():
+    """The default cases with PYSOFTMAX_TILE_FIT=0 (the tile's grid left at the blocks the shared
+    memory holds, past those the kernel's registers let run at once where MANY_TILES reach it: a
+    last wave of blocks that walk their tiles after the others), in a process of their own."""
     if WIDENED or os.environ.get("PYSOFTMAX_TILE_FIT"):
         pytest.skip("this process runs under another rule")
-    env = dict(os.environ, PYSOFTMAX_TILE_FIT="1")
+    env = dict(os.environ, PYSOFTMAX_TILE_FIT="0")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "test_tile_rows and not widened and not fitted"], env=env, capture_output=True, text=True,
+                           "test_tile_rows and not widened and not unfitted"], env=env, capture_output=True, text=True,
                           timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     assert done.returncode == 0 and f"{len(CASES) + len(MANY_TILES)} passed" in summary, \
