@@ -95,10 +95,26 @@ def save(path, suite=SUITE, extra=(), timer=TIMER):
     return _pytest([suite, timer, f"--benchmark-json={path}", "-q", *extra], suite)
 
 
+def fold_selection(select, extra):
+    """(`select` and every ``-k EXPR`` of `extra`, the rest of `extra`): pytest keeps only the last
+    -k it is given, so a caller's -k would otherwise replace the gate's and compare the peers."""
+    exprs, rest, args = [select], [], list(extra)
+    while args:
+        a = args.pop(0)
+        if a == "-k" and args:
+            exprs.append(args.pop(0))
+        elif a.startswith("-k") and len(a) > 2:
+            exprs.append(a[2:])
+        else:
+            rest.append(a)
+    return " and ".join(f"({e})" for e in exprs) if len(exprs) > 1 else select, rest
+
+
 def compare(baseline, gpu_name, suite=SUITE, threshold=THRESHOLD, extra=(), timer=TIMER, select=GATED):
-    """Run the suite's gated benchmarks (`select`, a pytest -k expression) against `baseline`; the
-    exit status is pytest's (non-zero on a regression)."""
+    """Run the suite's gated benchmarks (`select`, a pytest -k expression, and any -k of `extra`)
+    against `baseline`; the exit status is pytest's (non-zero on a regression)."""
     _need_suite(suite)
+    select, extra = fold_selection(select, extra)
     if not os.path.exists(baseline):
         raise GateError(f"no baseline for GPU {gpu_name!r} at {baseline}; create it with `make baseline`")
     with open(baseline) as f:

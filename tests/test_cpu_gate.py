@@ -80,6 +80,18 @@ def test_peer_regression_does_not_fail_the_gate(tmp_path, suite, capfd):
     assert "test_kernel" in out.out + out.err  # the gated benchmark did run and compare
 
 
+def test_a_callers_selection_keeps_the_peers_out(tmp_path, suite, capfd):
+    """A -k of the caller's (`gate -- -k ...`) narrows the gated benchmarks; it does not replace
+    the gate's own selection, so a peer 20% slower still does not fail it."""
+    baseline = _baseline(tmp_path, suite, 1 / 1.2, only="torch")
+    capfd.readouterr()
+    assert _gate.compare(baseline, GPU, suite=suite, extra=("-k", "not compiled"),
+                         timer="--benchmark-timer=fakeclock.tick") == 0
+    text = "".join(capfd.readouterr())
+    assert "regressed" not in text and "test_kernel" in text and "1 passed" in text
+    assert _gate.fold_selection("not torch", ["-k", "a or b", "-x", "-kc"]) == ("(not torch) and (a or b) and (c)", ["-x"])
+
+
 def test_a_benchmark_new_since_the_baseline_runs_uncompared(tmp_path, suite, capfd):
     """A benchmark id the baseline lacks (a shape or peer added since it was saved) runs and is
     listed, but is not compared: pytest-benchmark checks only the ids both runs hold."""
