@@ -96,17 +96,20 @@ def save(path, suite=SUITE, extra=(), timer=TIMER):
 
 
 def fold_selection(select, extra):
-    """(`select` and every ``-k EXPR`` of `extra`, the rest of `extra`): pytest keeps only the last
-    -k it is given, so a caller's -k would otherwise replace the gate's and compare the peers."""
+    """(`select` and every ``-k EXPR``, ``-kEXPR`` or ``-k=EXPR`` of `extra`, the rest of `extra`):
+    pytest keeps only the last -k it is given, so a caller's -k would otherwise replace the gate's
+    and compare the peers. (A -k inside a cluster of short flags, ``-xk EXPR``, is not seen: spell
+    it apart.)"""
     exprs, rest, args = [select], [], list(extra)
     while args:
         a = args.pop(0)
         if a == "-k" and args:
             exprs.append(args.pop(0))
         elif a.startswith("-k") and len(a) > 2:
-            exprs.append(a[2:])
+            exprs.append(a[3:] if a.startswith("-k=") else a[2:])
         else:
             rest.append(a)
+    exprs = [e for e in exprs if e.strip()]
     return " and ".join(f"({e})" for e in exprs) if len(exprs) > 1 else select, rest
 
 

@@ -89,7 +89,8 @@ def test_a_callers_selection_keeps_the_peers_out(tmp_path, suite, capfd):
                          timer="--benchmark-timer=fakeclock.tick") == 0
     text = "".join(capfd.readouterr())
     assert "regressed" not in text and "test_kernel" in text and "1 passed" in text
-    assert _gate.fold_selection("not torch", ["-k", "a or b", "-x", "-kc"]) == ("(not torch) and (a or b) and (c)", ["-x"])
+    assert _gate.fold_selection("not torch", ["-k", "a or b", "-x", "-kc", "-k=d", "-k", ""]) == \
+        ("(not torch) and (a or b) and (c) and (d)", ["-x"])
 
 
 def test_a_benchmark_new_since_the_baseline_runs_uncompared(tmp_path, suite, capfd):

@@ -4,6 +4,8 @@ Shapes cross every dispatch threshold of hip/dispatch.cuh (rows_warp tiny/medium
 rows_block, rows_stream with and without a split), in every dtype, with outputs poisoned first.
 """
 
+import os
+
 import numpy
 import pytest
 
@@ -66,11 +68,13 @@ PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 160, 255, 25
 
 def filled_group(lanes, steps):
     """plan_passes' group for rows of `lanes` lanes' worth taking up to `steps` steps: the power of
-    two holding them (at most 32), then the fill rule: a narrower group (down to 4 lanes, up to 3
-    steps or `steps`) where its lane-steps are fewer, ties to the wider."""
+    two holding them (at most 32), then the fill rule: a narrower group (down to 4 lanes, or
+    PYSOFTMAX_PASSES_FILL's, up to 3 steps or `steps`) where its lane-steps are fewer, ties to the
+    wider."""
     group = min(1 << max(0, (lanes - 1).bit_length()), 32)
+    narrowest = int(os.environ.get("PYSOFTMAX_PASSES_FILL", "4") or 0)
     best, g = group * -(-lanes // group), group // 2
-    while g >= 4 and -(-lanes // g) <= max(steps, 3):
+    while narrowest > 0 and g >= narrowest and -(-lanes // g) <= max(steps, 3):
         if g * -(-lanes // g) < best:
             best, group = g * -(-lanes // g), g
         g //= 2
@@ -125,8 +129,8 @@ def naive_backward_plan(cols, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025, 2048, 3000])
 def test_naive_backward_in_groups(cols, dtype):
-    """naive_backward on short rows in groups of lanes, up to two steps of a full group (longer
-    rows: the stream)."""
+    """naive_backward on short rows in groups of lanes, up to two steps of a full group, or three
+    of a narrower one by the fill rule (longer rows: the stream)."""
     g = rng()
     rows = 777
     y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
