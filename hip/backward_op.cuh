@@ -76,6 +76,10 @@ template <typename T> struct BackwardOp {
     prefetch_span<T, kPack, kPacks>(w.y, s, s.end, live, st);
     prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
   }
+  __device__ __forceinline__ void warm(const Row& w, int64_t c0, int64_t c1, int lane, int width) const {
+    warm_span(w.y, c0, c1, lane, width);
+    warm_span(w.dy, c0, c1, lane, width);
+  }
 
   template <int kPack, int kPacks, bool kRowHeld = false, typename S>  // kRowHeld: as the forward's (no mask here)
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, Item* v, const Stage* st = nullptr) const {

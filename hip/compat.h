@@ -51,6 +51,8 @@
 //               once at that size (0 if the query fails; the failure is cleared).
 //   spin_pause()            a short sleep inside a wait loop on global memory, so the waiting
 //               warps leave the issue slots and the memory system to the others.
+//   warm_line(p)            asks L2 for the line holding p, without a register or a wait: a hint
+//               for loads that follow. Nothing on AMD (no such instruction in the targets built here).
 //   load_volatile(p) / store_volatile(p, v)   a value of any trivially copyable type read from
 //               or written to global memory in 4-byte words that bypass the incoherent L1, for
 //               values other blocks write during the kernel (ordered by __threadfence()).
@@ -363,6 +365,14 @@ __device__ __forceinline__ void spin_pause() {
   __nanosleep(64);
 #elif defined(SOFTMAX_PLATFORM_AMD)
   __builtin_amdgcn_s_sleep(1);
+#endif
+}
+
+__device__ __forceinline__ void warm_line(const void* p) {
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
 #endif
 }
 

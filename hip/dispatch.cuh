@@ -109,6 +109,11 @@ constexpr int64_t kTileBytes = 64 << 10;
 // "rows_passes").
 constexpr int kPassesFillGroup = 4;
 constexpr int kPassesFillSteps = 3;
+// rows_passes' first sweep asks L2 for this many steps past the one it loads where a 16-bit row
+// takes more than one step of its group (sweep_row): 16-bit groups gained up to 6 points of copy,
+// float32 ones moved by -3 to +3 and keep none, and block rows lost 1-5 (docs/TUNING.md,
+// "rows_passes").
+constexpr int kPassesAhead = 1;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -125,6 +130,8 @@ struct DeviceInfo {
   bool tile_vec = true;                  // rows_tile's rows may straddle in vector packs (PYSOFTMAX_TILE_VEC)
   bool tile_fit = true;                  // rows_tile's grid no larger than its kernel runs at once (PYSOFTMAX_TILE_FIT)
   int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
+  int passes_ahead = kPassesAhead;       // rows_passes' steps asked of L2 ahead, 16-bit groups (sweep_row; PYSOFTMAX_PASSES_AHEAD)
+  int passes_steps = kPassesFillSteps;   // most steps of a group a ragged vector row takes (plan_passes; PYSOFTMAX_PASSES_STEPS)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -195,6 +202,11 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_PASSES_FILL, read once a device: plan_passes' fill rule down to groups of N lanes;
   // "0" turns it off (measurement).
   if (const char* pf = getenv("PYSOFTMAX_PASSES_FILL")) info.passes_fill = atoi(pf);
+  // PYSOFTMAX_PASSES_AHEAD and PYSOFTMAX_PASSES_STEPS, read once a device: rows_passes' steps
+  // asked of L2 ahead ("0": none), and the most steps a ragged row takes in a group ("1": none
+  // past the callers' own) (measurement).
+  if (const char* pa = getenv("PYSOFTMAX_PASSES_AHEAD")) info.passes_ahead = atoi(pa);
+  if (const char* ps = getenv("PYSOFTMAX_PASSES_STEPS")) info.passes_steps = atoi(ps);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -215,6 +227,7 @@ struct Plan {
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
   int held = 0;           // rows_stream, resident: steps of a chunk held in the stage (grid: the rest stream)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
+  int ahead = 0;          // rows_passes: steps its first sweep asks of L2 ahead of its loads (sweep_row)
   bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
   int tile = 0;           // rows_tile: rows a block stages at a time; its group is `group` lanes (0: the block)
   int fit_sms = 0;        // > 0: launch() caps the grid at the blocks the kernel runs at once on this many SMs
@@ -508,8 +521,9 @@ constexpr int kNaiveBackwardGroupSteps = 2;
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
 // several rows a block of kBlockTargetThreads, where the row takes at most `max_group` lanes
-// `steps` times; else one block a row, as wide as the row needs up to kStreamThreads (group 0).
-// False where the row is longer and `block` is false: the caller streams it instead.
+// `steps` times, or dev.passes_steps times for a ragged vector row (below); else one block a row,
+// as wide as the row needs up to kStreamThreads (group 0). False where the row is longer and
+// `block` is false: the caller streams it instead.
 template <typename Op>
 bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group, bool block, const DeviceInfo& dev,
                  Plan* out, int steps = 1) {
@@ -521,7 +535,17 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   p.family = kPassesFamily;
   p.pack = pack;
   p.passes = passes;
-  if (lanes <= int64_t{max_group} * steps || cols <= dev.passes_cols) {
+  // Ragged rows: vector rows whose lanes are not a whole number of warps, which a block or the
+  // stream's narrow block works with idle lanes (float32 rows of 640 columns: 40 lanes, in 64
+  // threads), take up to dev.passes_steps steps of a group: online float32 640 63 -> 84%, 16-bit
+  // 1280 43 -> 62%. Rows of whole warps kept the block or the stream, which measured faster
+  // (float32 2048: 85 against 68%), and so does naive's block a row where it leaves fewer than
+  // an eighth of a warp idle (16-bit 3040: 95 lanes, 62 against 59%); float64 was not measured
+  // and keeps its plans (docs/TUNING.md, "rows_passes").
+  const int64_t idle = round_up(lanes, dev.warp) - lanes;
+  const bool ragged = pack > 1 && sizeof(T) <= 4 && idle > 0 && (!block || idle >= dev.warp / 8);
+  const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;
+  if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
     p.group = static_cast<int>(std::min<int64_t>(next_pow2(lanes), max_group));
     // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps
@@ -530,11 +554,14 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
     // the wider group.
     if (dev.passes_fill > 0) {
       int64_t best = int64_t{p.group} * ceil_div(lanes, p.group);
-      for (int g = p.group / 2; g >= dev.passes_fill && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps); g /= 2)
-        if (int64_t{g} * ceil_div(lanes, g) < best) best = int64_t{g} * ceil_div(lanes, g), p.group = g;
+      for (int g = p.group / 2; g >= dev.passes_fill && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps); g /= 2) {
+        const int64_t used = int64_t{g} * ceil_div(lanes, g);
+        if (used < best) best = used, p.group = g;
+      }
     }
     p.threads = kBlockTargetThreads;
     p.blocks = walking_grid(ceil_div(rows, p.threads / p.group), dev);
+    if (lanes > p.group && sizeof(T) == 2 && pack > 1) p.ahead = dev.passes_ahead;  // (rows_passes' kWarm)
   } else if (block) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, true>() : passes_unroll<Op, 1, true>();
     p.group = 0;
@@ -567,10 +594,10 @@ inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t le
   const char* name = p.family == kPassesFamily ? "passes" : p.family == kTileFamily ? "tile" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d straddle=%d tile=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d ahead=%d straddle=%d tile=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes,
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes, p.ahead,
            p.straddle ? 1 : 0, p.tile);
   return SOFTMAX_OK;
 }
@@ -740,9 +767,9 @@ int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   auto with_pack = [&](auto pack) -> int {
     constexpr int kPack = decltype(pack)::value;
     if (p.group == 0) {
-      if constexpr (kBlocks) return launch(rows_passes<Op, kPack, true, kPasses>, "rows_passes", p, s, op, rows, 0);
+      if constexpr (kBlocks) return launch(rows_passes<Op, kPack, true, kPasses>, "rows_passes", p, s, op, rows, 0, p.ahead);
     } else {
-      if constexpr (kGroups) return launch(rows_passes<Op, kPack, false, kPasses>, "rows_passes", p, s, op, rows, p.group);
+      if constexpr (kGroups) return launch(rows_passes<Op, kPack, false, kPasses>, "rows_passes", p, s, op, rows, p.group, p.ahead);
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: no kernel for a group of %d lanes", p.group);
   };

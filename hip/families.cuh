@@ -500,11 +500,18 @@ __device__ __forceinline__ V row_all_reduce(V v, Rop rop, V* scratch, int group)
 }
 
 // fn(span, items) for each step of row w, the op's kPacks packs of kPack a lane of `width` lanes
-// loaded (dead rows: padding only): rows_passes' and rows_tile's passes over a row.
+// loaded (dead rows: padding only): rows_passes' and rows_tile's passes over a row. ahead > 0:
+// the lanes ask L2 for the steps up to `ahead` past the one they load (the first step for steps
+// 1..ahead, each later one for one more), so that a row's steps are in flight together rather
+// than a load's latency each (Op::warm).
 template <int kPack, int kPacks, typename Op, typename Fn>
 __device__ __forceinline__ void sweep_row(const Op& op, const typename Op::Row& w, bool live, int lane, int width,
-                                          Fn&& fn) {
-  for (int64_t base = 0; base < op.cols; base += int64_t{width} * kPack * kPacks) {
+                                          Fn&& fn, int ahead = 0) {
+  const int64_t step = int64_t{width} * kPack * kPacks;
+  const int64_t far = step * ahead;
+  if (far > 0 && live) op.warm(w, step, min(op.cols, step + far), lane, width);
+  for (int64_t base = 0; base < op.cols; base += step) {
+    if (far > 0 && live && base > 0) op.warm(w, base + far, min(op.cols, base + far + step), lane, width);
     const Span span{base, lane, width, op.cols};
     typename Op::Item v[kPack * kPacks];
     op.template load<kPack, kPacks>(w, span, live, v);
@@ -518,6 +525,7 @@ __device__ __forceinline__ void sweep_row(const Op& op, const typename Op::Row& 
 //              dot product), then a second read that applies it (online, naive_backward);
 //   kPasses 3  the max, the sum of exponentials, then a third read that normalises (naive;
 //              ForwardOp only).
+// The first sweep asks L2 for `ahead` steps past each one it loads (sweep_row; the planner's pick).
 // kBlockRow: the whole block takes a row at a time. Else a group of `group` lanes (a power of two
 // up to kMaxGroup, the planner's pick for the row's length; a run-time width, as these kernels
 // are references and need not compile one copy a width) takes a row, several rows a block. The
@@ -536,12 +544,15 @@ template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_un
 
 template <typename Op, int kPack, bool kBlockRow, int kPasses>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
-void rows_passes(const Op op, int64_t rows, int group) {
+void rows_passes(const Op op, int64_t rows, int group, int ahead) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
   using C = typename Op::C;
   constexpr int kUnroll = passes_unroll<Op, kPack, kBlockRow>();
   constexpr int kStep = kPack * kUnroll;
+  // Only 16-bit vector groups warm their steps (the planner sets `ahead` for no others): in every
+  // other kernel the warming code is compiled out, as its branches slowed element-wise rows.
+  constexpr bool kWarm = sizeof(typename Op::Storage) == 2 && kPack > 1 && !kBlockRow;
   static_assert(kPasses == 2 || kPasses == 3, "two or three passes");
   __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
@@ -553,8 +564,8 @@ void rows_passes(const Op op, int64_t rows, int group) {
   const int64_t lead = blockIdx.x * per_block + (kBlockRow ? 0 : static_cast<int64_t>(threadIdx.x / kWarpSize) * (kWarpSize / group));
   const int64_t mine = kBlockRow ? blockIdx.x : blockIdx.x * per_block + threadIdx.x / group;
   auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
-  auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn) {
-    sweep_row<kPack, kUnroll>(op, w, live, lane, width, fn);
+  auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn, int warm = 0) {
+    sweep_row<kPack, kUnroll>(op, w, live, lane, width, fn, warm);
   };
   for (int64_t k = 0; lead + k < rows; k += stride) {
     const int64_t r = mine + k;
@@ -563,11 +574,11 @@ void rows_passes(const Op op, int64_t rows, int group) {
     typename Op::Final fin;
     if constexpr (kPasses == 2) {
       Stat st = Op::stat_init();
-      sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); });
+      sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, kWarm ? ahead : 0);
       fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
     } else {
       C m = neg_inf<C>();
-      sweep(w, live, [&](const Span&, Item* v) { m = MaxOp()(m, tree_reduce<kStep>(v, MaxOp())); });
+      sweep(w, live, [&](const Span&, Item* v) { m = MaxOp()(m, tree_reduce<kStep>(v, MaxOp())); }, kWarm ? ahead : 0);
       const C ref = safe_ref(reduce(m, MaxOp(), value_scratch));
       C s = 0;
       sweep(w, live, [&](const Span&, Item* v) {

@@ -114,12 +114,14 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       break;
     case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
       // Groups for unmasked short rows: where the stream's block would leave lanes idle (a row
-      // shorter than a warp's step), and 16-bit rows up to a group's step, where groups measured
-      // faster (docs/TUNING.md, "rows_passes"). Masked kinds, and a requested chunk count or block
-      // size, take the stream.
+      // shorter than a warp's step, or a vector row of a ragged number of warps' steps), and
+      // 16-bit rows up to a group's step, where groups measured faster (docs/TUNING.md,
+      // "rows_passes"); plan_passes says how long a row they take. Masked kinds, and a requested
+      // chunk count or block size, take the stream.
       const int64_t stream_lanes =
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
-      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || p.cols <= dev.passes_cols;
+      const bool ragged = pack > 1 && sizeof(T) <= 4 && stream_lanes % dev.warp != 0;
+      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged || p.cols <= dev.passes_cols;
       on_chip = kOnCluster;
       if (Op::kMasked || p.chunks || p.threads || !groups ||
           !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))

@@ -272,6 +272,10 @@ template <typename T, int kMask> struct ForwardOp {
     const int64_t bound = kCausal ? min(w.limit, s.end) : s.end;
     prefetch_span<T, kPack, kPacks, kCausal, kSplitCut, kWholeSplit>(w.x, s, bound, live, st);
   }
+  // Columns [c0, c1) of the row's logits asked of L2 ahead of their loads (sweep_row).
+  __device__ __forceinline__ void warm(const Row& w, int64_t c0, int64_t c1, int lane, int width) const {
+    warm_span(w.x, c0, c1, lane, width);
+  }
 
   // kRowHeld: the span is the thread's whole share of a row that it holds in registers (rows_warp,
   // rows_block), where an element-wise span's mask bytes are all read before any is used; the

@@ -164,6 +164,19 @@ __device__ __forceinline__ void with_reach(const S& s, int64_t bound, bool live,
   }
 }
 
+// Asks L2 (warm_line) for the lines of row's columns [c0, c1), `width` lanes sharing them:
+// lane k names lines k, k + width, ... of the range, the first at c0 itself, so that no address
+// lies outside the range.
+template <typename T>
+__device__ __forceinline__ void warm_span(const T* row, int64_t c0, int64_t c1, int lane, int width) {
+  constexpr int kLine = 128;
+  if (c1 <= c0) return;
+  const char* a = reinterpret_cast<const char*>(row + c0);
+  const char* e = reinterpret_cast<const char*>(row + c1);
+  const char* line = a - reinterpret_cast<uintptr_t>(a) % kLine;
+  for (const char* q = line + int64_t{lane} * kLine; q < e; q += int64_t{width} * kLine) warm_line(q < a ? a : q);
+}
+
 // Reads kPacks packs of T at the span's columns of `row`, widened to the compute type C, into
 // v[j * kPack + i]. Each pack is converted as soon as it is read, so only one pack of raw values
 // is live at a time; the loads themselves carry no dependency and are all issued up front. A pack

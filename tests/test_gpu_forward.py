@@ -58,12 +58,15 @@ def test_reference_algorithms(algo, cols, dtype):
 
 # rows_passes' group widths (dispatch.cuh, plan_passes): in groups a lane takes at most 64 bytes
 # (4 vector packs: 16 float32, 32 16-bit, 8 float64 columns; 8 elements of an unaligned row), in
-# groups of up to 32 lanes. online takes them where the stream's block would leave lanes idle
-# (fewer than 32 of its 4-pack or 16-element lanes) and for 16-bit rows up to a group's step;
-# naive everywhere (longer rows a block a row). Columns on both sides of each width, and widths
-# where the fill rule takes a narrower group over more steps (160, 320, 384, 640, 768).
+# groups of up to 32 lanes, one step, or up to 3 for ragged vector rows (16-bit and float32 rows
+# whose lanes are not a multiple of the warp). online takes them where the stream's block would
+# leave lanes idle (fewer than 32 of its 4-pack or 16-element lanes, or a ragged row) and for
+# 16-bit rows up to a group's step; naive everywhere (longer rows a block a row). Columns on both
+# sides of each width, widths where the fill rule takes a narrower group over more steps (160,
+# 320, 384, 640, 768), both sides of the ragged rows' three steps (float32 1536, 16-bit 3072) and
+# of naive's four idle lanes (float32 1472: 92 lanes in groups, 1488: 93 in a block).
 PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 160, 255, 256, 257, 320, 384, 511, 512, 513, 640,
-               768, 1000, 1023, 1024, 1025, 2049, 5000]
+               768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
 
 
 def filled_group(lanes, steps):
@@ -81,20 +84,38 @@ def filled_group(lanes, steps):
     return group
 
 
+def group_reach(lanes, vec, item, steps, block=False):
+    """The most steps of a 32-lane group plan_passes gives a row: `steps`, or PYSOFTMAX_PASSES_STEPS'
+    (3) for a ragged row (vector packs of a 16-bit or float32 row, lanes not a multiple of 32; for
+    naive's block a row, at least 4 idle)."""
+    idle = -lanes % 32
+    ragged = vec and item <= 4 and idle > 0 and (not block or idle >= 4)
+    return max(steps, int(os.environ.get("PYSOFTMAX_PASSES_STEPS", "3"))) if ragged else steps
+
+
+def ahead_of(lanes, group, item, vec):
+    """The steps rows_passes' first sweep asks of L2 ahead: PYSOFTMAX_PASSES_AHEAD's (1) for a 16-bit
+    vector row of more than one step of its group, else none."""
+    return int(os.environ.get("PYSOFTMAX_PASSES_AHEAD", "1")) if item == 2 and vec and group and lanes > group else 0
+
+
 def passes_plan(algo, cols, dtype):
-    """(family, group) that hip/forward.cu's plan should give an unmasked row of `cols` (NVIDIA sm_80+)."""
+    """(family, group, ahead) that hip/forward.cu's plan should give an unmasked row of `cols`
+    (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
     vec = cols * item % 16 == 0
     pack = 16 // item if vec else 1
     packs = -(-cols // pack)
     per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
     lanes = -(-packs // per_lane)
-    group = filled_group(lanes, 1) if lanes <= 32 else 0
     if algo == "naive":
-        return "passes", group
+        group = filled_group(lanes, 1) if lanes <= 32 * group_reach(lanes, vec, item, 1, block=True) else 0
+        return "passes", group, ahead_of(lanes, group, item, vec)
+    reach = group_reach(lanes, vec, item, 1)
+    group = filled_group(lanes, 1) if lanes <= 32 * reach else 0
     stream_lanes = -(-packs // (4 if vec else 16))
-    grouped = lanes <= 32 and (item == 2 or stream_lanes < 32)
-    return ("passes", group) if grouped else ("stream", None)
+    grouped = lanes <= 32 * reach and (item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0))
+    return ("passes", group, ahead_of(lanes, group, item, vec)) if grouped else ("stream", None, 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -106,31 +127,37 @@ def test_reference_algorithms_in_groups(algo, cols, dtype):
     g = rng()
     plan = _ops.plan((777, cols), dtype, algo=algo)
     if async_copy():
-        family, group = passes_plan(algo, cols, dtype)
+        family, group, ahead = passes_plan(algo, cols, dtype)
         assert plan["family"] == family, (plan, family, group)
         if family == "passes":
             assert plan["group"] == group and plan["passes"] == (3 if algo == "naive" else 2), (plan, group)
+            assert plan["ahead"] == ahead, (plan, ahead)
     check_forward(algo, 777, cols, dtype, g)
     check_forward(algo, 3, cols, dtype, g)
 
 
 def naive_backward_plan(cols, dtype):
-    """(family, group) that hip/backward.cu's plan should give naive_backward on rows of `cols`:
-    groups of lanes up to two steps of a full group for vector rows, one for element-wise ones
-    (NVIDIA sm_80+)."""
+    """(family, group, ahead) that hip/backward.cu's plan should give naive_backward on rows of
+    `cols`: groups of lanes up to two steps of a full group for vector rows (three for ragged
+    ones), one for element-wise ones (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
-    pack = 16 // item if cols * item % 16 == 0 else 1
+    vec = cols * item % 16 == 0
+    pack = 16 // item if vec else 1
     per_lane = max(1, min(32 // (pack * 2 * (2 if item == 8 else 1)), 8, 64 // (pack * item)))
     lanes = -(-(-(-cols // pack)) // per_lane)
     steps = 2 if pack > 1 else 1
-    return ("passes", filled_group(lanes, steps)) if lanes <= 32 * steps else ("stream", None)
+    if lanes > 32 * group_reach(lanes, vec, item, steps):
+        return "stream", None, 0
+    group = filled_group(lanes, steps)
+    return "passes", group, ahead_of(lanes, group, item, vec)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025, 2048, 3000])
+@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025, 1280, 1520,
+                                  1536, 1552, 2048, 3000, 3040, 3072, 3104])
 def test_naive_backward_in_groups(cols, dtype):
     """naive_backward on short rows in groups of lanes, up to two steps of a full group, or three
-    of a narrower one by the fill rule (longer rows: the stream)."""
+    of a narrower one by the fill rule or for ragged rows (longer rows: the stream)."""
     g = rng()
     rows = 777
     y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
@@ -139,8 +166,9 @@ def test_naive_backward_in_groups(cols, dtype):
                                   out=poisoned((rows, cols), dtype))
     plan = _ops.plan((rows, cols), dtype, algo="naive", direction="backward")
     if async_copy():
-        family, group = naive_backward_plan(cols, dtype)
+        family, group, ahead = naive_backward_plan(cols, dtype)
         assert plan["family"] == family and (group is None or plan["group"] == group), (plan, family, group)
+        assert family != "passes" or plan["ahead"] == ahead, (plan, ahead)
     assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"{plan} seed={g.seed}")
 
 
