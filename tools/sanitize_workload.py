@@ -65,6 +65,11 @@ x = arr((777, 40))  # rows_passes: groups of 2 lanes, the last warp's groups par
 for algo in ("naive", "online"):
     step(f"{algo} in groups", lambda: getattr(pysoftmax, algo)(x))
 step("naive_backward in groups", lambda: pysoftmax.naive_backward(x, x))
+for cols in (384, 1280):  # 16-bit groups of several steps, warming the next (1280: a ragged row of 3)
+    x = arr((777, cols), "float16")
+    for algo in ("naive", "online"):
+        step(f"{algo} warmed groups {cols}", lambda: getattr(pysoftmax, algo)(x))
+    step(f"naive_backward warmed groups {cols}", lambda: pysoftmax.naive_backward(x, x))
 x = arr((3, 70000))
 step("stream split", lambda: _ops.forward(x, family=3, chunks=5))
 step("stream split backward", lambda: _ops.backward_impl(x, x, family=3, chunks=5))
