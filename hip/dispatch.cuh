@@ -111,7 +111,7 @@ constexpr int kPassesFillGroup = 4;
 constexpr int kPassesFillSteps = 3;
 // rows_passes' first sweep asks L2 for this many steps past the one it loads where a 16-bit row
 // takes more than one step of its group (sweep_row): 16-bit groups gained up to 6 points of copy,
-// float32 ones moved by -3 to +3 and keep none, and block rows lost 1-5 (docs/TUNING.md,
+// float32 ones moved by -3 to +3 and keep none, and block rows lost 1-2.5 (docs/TUNING.md,
 // "rows_passes").
 constexpr int kPassesAhead = 1;
 
@@ -514,8 +514,9 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
 
 // naive_backward's groups take vector rows of up to two steps of a full group (rows of 1024
 // columns in float32 and 16-bit), where they ran 4-7 points of copy faster than the stream's
-// narrow blocks; past that, and for online and naive, more steps were slower (docs/TUNING.md,
-// "rows_passes"). Element-wise rows keep one step (not measured).
+// narrow blocks; past that, and for online and naive, more steps of whole warps were slower
+// (docs/TUNING.md, "rows_passes"; ragged rows: plan_passes). Element-wise rows keep one step
+// (not measured).
 constexpr int kNaiveBackwardGroupSteps = 2;
 
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
@@ -539,9 +540,12 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   // stream's narrow block works with idle lanes (float32 rows of 640 columns: 40 lanes, in 64
   // threads), take up to dev.passes_steps steps of a group: online float32 640 63 -> 84%, 16-bit
   // 1280 43 -> 62%. Rows of whole warps kept the block or the stream, which measured faster
-  // (float32 2048: 85 against 68%), and so does naive's block a row where it leaves fewer than
-  // an eighth of a warp idle (16-bit 3040: 95 lanes, 62 against 59%); float64 was not measured
-  // and keeps its plans (docs/TUNING.md, "rows_passes").
+  // (float32 2048: 85 against 68%), and naive keeps its block a row where the groups' lanes
+  // leave fewer than an eighth of a warp idle (16-bit 3040: 95 lanes, 62 against 59%). The count
+  // is the groups' lanes: the block's own for 16-bit rows, a proxy for float32 ones, whose block
+  // lanes take twice the packs (float32 1000 and 1520 keep the block by it; in groups they ran
+  // within a point of it). float64 was not measured and keeps its plans (docs/TUNING.md,
+  // "rows_passes").
   const int64_t idle = round_up(lanes, dev.warp) - lanes;
   const bool ragged = pack > 1 && sizeof(T) <= 4 && idle > 0 && (!block || idle >= dev.warp / 8);
   const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;

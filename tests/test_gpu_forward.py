@@ -64,7 +64,7 @@ def test_reference_algorithms(algo, cols, dtype):
 # 16-bit rows up to a group's step; naive everywhere (longer rows a block a row). Columns on both
 # sides of each width, widths where the fill rule takes a narrower group over more steps (160,
 # 320, 384, 640, 768), both sides of the ragged rows' three steps (float32 1536, 16-bit 3072) and
-# of naive's four idle lanes (float32 1472: 92 lanes in groups, 1488: 93 in a block).
+# of naive's four idle group lanes (float32 1472: 92 group lanes, in groups; 1488: 93, a block).
 PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 160, 255, 256, 257, 320, 384, 511, 512, 513, 640,
                768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
 
