@@ -519,6 +519,13 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
 // (not measured).
 constexpr int kNaiveBackwardGroupSteps = 2;
 
+// Whether a row of `lanes` lanes of vector packs (16-bit or float32) is ragged: not a whole
+// number of warps, so that a block or the stream's narrow block works it with lanes idle
+// (plan_passes; forward.cu's online).
+template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) {
+  return pack > 1 && sizeof(T) <= 4 && lanes % warp != 0;
+}
+
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
 // several rows a block of kBlockTargetThreads, where the row takes at most `max_group` lanes
@@ -546,8 +553,7 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   // lanes take twice the packs (float32 1000 and 1520 keep the block by it; in groups they ran
   // within a point of it). float64 was not measured and keeps its plans (docs/TUNING.md,
   // "rows_passes").
-  const int64_t idle = round_up(lanes, dev.warp) - lanes;
-  const bool ragged = pack > 1 && sizeof(T) <= 4 && idle > 0 && (!block || idle >= dev.warp / 8);
+  const bool ragged = ragged_row<T>(lanes, pack, dev.warp) && (!block || round_up(lanes, dev.warp) - lanes >= dev.warp / 8);
   const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;
   if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();

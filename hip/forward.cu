@@ -120,8 +120,8 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       // chunk count or block size, take the stream.
       const int64_t stream_lanes =
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
-      const bool ragged = pack > 1 && sizeof(T) <= 4 && stream_lanes % dev.warp != 0;
-      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged || p.cols <= dev.passes_cols;
+      const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged_row<T>(stream_lanes, pack, dev.warp) ||
+                          p.cols <= dev.passes_cols;
       on_chip = kOnCluster;
       if (Op::kMasked || p.chunks || p.threads || !groups ||
           !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))
