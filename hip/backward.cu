@@ -59,7 +59,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
-  if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
+  if (mode == EntryMode::kDescribe) return describe_plan(plan, dev, ws, q->text, q->text_len);
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));

@@ -114,6 +114,11 @@ constexpr int kPassesFillSteps = 3;
 // float32 ones moved by -3 to +3 and keep none, and block rows lost 1-2.5 (docs/TUNING.md,
 // "rows_passes").
 constexpr int kPassesAhead = 1;
+// A cluster size whose clusters, one block an SM, occupy at least this share (percent) of the
+// SMs at once "packs" the GPU; plan_stream_at takes those first. (An H200's GPCs run 120-132 of
+// its 132 SMs in clusters of 2, 4 or 8, 102-117 in clusters of 3, 5, 6 or 7, which lost 1-13
+// points of copy bandwidth: docs/TUNING.md, "plan_stream_at: clusters".)
+constexpr int kClusterFill = 90;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -132,6 +137,8 @@ struct DeviceInfo {
   int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
   int passes_ahead = kPassesAhead;       // rows_passes' steps asked of L2 ahead, 16-bit groups (sweep_row; PYSOFTMAX_PASSES_AHEAD)
   int passes_steps = kPassesFillSteps;   // most steps of a group a ragged vector row takes (plan_passes; PYSOFTMAX_PASSES_STEPS)
+  int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
+  unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -161,6 +168,18 @@ inline int device_info(DeviceInfo* out) {
     e = hipDeviceGetAttribute(&optin, hipDeviceAttributeSharedMemPerBlockOptin, dev);
     info.stage_bytes = optin - kStaticSharedBytes;
     if (e == hipSuccess && cluster_launch_supported(cluster_probe<0>, dev)) info.max_cluster = kMaxCluster;
+    // The cluster sizes that pack the GPU, from the clusters of blocks holding a whole stage (one
+    // an SM) the device runs at once. A failed query packs none: the fewest blocks then win.
+    if (info.max_cluster > 1 &&
+        hipFuncSetAttribute(reinterpret_cast<const void*>(cluster_probe<0>), hipFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(info.stage_bytes)) == hipSuccess) {
+      for (int k = 2; k <= info.max_cluster; ++k) {
+        const int fit = max_active_clusters(cluster_probe<0>, kStreamThreads, static_cast<size_t>(info.stage_bytes),
+                                            static_cast<unsigned>(k));
+        if (int64_t{fit} * k * 100 >= int64_t{info.sms} * kClusterFill) info.packed_clusters |= 1u << k;
+      }
+    }
+    (void)hipGetLastError();  // a refused query leaves no error for the next launch
     int coop = 0, l2 = 0;
     if (e == hipSuccess) e = hipDeviceGetAttribute(&coop, hipDeviceAttributeCooperativeLaunch, dev);
     if (e == hipSuccess) e = hipDeviceGetAttribute(&l2, hipDeviceAttributeL2CacheSize, dev);
@@ -207,6 +226,12 @@ inline int device_info(DeviceInfo* out) {
   // past the callers' own) (measurement).
   if (const char* pa = getenv("PYSOFTMAX_PASSES_AHEAD")) info.passes_ahead = atoi(pa);
   if (const char* ps = getenv("PYSOFTMAX_PASSES_STEPS")) info.passes_steps = atoi(ps);
+  // PYSOFTMAX_CLUSTER_MIN, read once a device: the fewest blocks a cluster that holds a row may
+  // have (measurement; docs/TUNING.md, "plan_stream_at: clusters").
+  if (const char* cm = getenv("PYSOFTMAX_CLUSTER_MIN")) info.cluster_min = std::max(2, atoi(cm));
+  // PYSOFTMAX_CLUSTER_PACKED, read once a device: "0" takes the fewest blocks that hold a row,
+  // whatever their packing (measurement).
+  if (const char* cp = getenv("PYSOFTMAX_CLUSTER_PACKED"); cp && cp[0] == '0' && !cp[1]) info.packed_clusters = 0;
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -355,18 +380,25 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
     } else if (chunks == 0) {
       // A row too long for one block's stage is split over a cluster of blocks, each holding its
       // chunk resident, that merge their statistics through each other's shared memory: still
-      // one read of global memory, where two passes read it twice (docs/TUNING.md,
-      // "plan_stream_at: clusters").
-      for (int k = 2; k <= dev.max_cluster; ++k) {
-        const int64_t chunk_steps = ceil_div(steps, k);
-        if (p.stage * chunk_steps > dev.stage_bytes) continue;
-        p.chunk_cols = chunk_steps * step * unroll;
-        p.chunks = p.cluster = static_cast<int>(ceil_div(cols, p.chunk_cols));
-        p.blocks = walking_grid(rows * p.cluster, dev) / p.cluster * p.cluster;  // whole clusters
-        p.resident = true;
-        p.held = static_cast<int>(chunk_steps);
-        p.stage *= chunk_steps;
-        break;
+      // one read of global memory, where two passes read it twice. The fewest blocks that hold
+      // the row, of the sizes that pack the GPU (each block of the cluster with a chunk) where
+      // one does, else of any size (docs/TUNING.md, "plan_stream_at: clusters").
+      for (int packed = 1; packed >= 0 && !p.resident; --packed) {
+        for (int k = dev.cluster_min; k <= dev.max_cluster; ++k) {
+          if (packed && !(dev.packed_clusters >> k & 1u)) continue;
+          const int64_t chunk_steps = ceil_div(steps, k);
+          if (p.stage * chunk_steps > dev.stage_bytes) continue;
+          const int64_t chunk_cols = chunk_steps * step * unroll;
+          const int64_t cluster = ceil_div(cols, chunk_cols);
+          if (packed && cluster != k) continue;
+          p.chunk_cols = chunk_cols;
+          p.chunks = p.cluster = static_cast<int>(cluster);
+          p.blocks = walking_grid(rows * p.cluster, dev) / p.cluster * p.cluster;  // whole clusters
+          p.resident = true;
+          p.held = static_cast<int>(chunk_steps);
+          p.stage *= chunk_steps;
+          break;
+        }
       }
     }
   }
@@ -599,16 +631,16 @@ inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_byt
   return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
 }
 
-inline int describe_plan(const Plan& p, int64_t workspace, char* buf, int64_t len) {
+inline int describe_plan(const Plan& p, const DeviceInfo& dev, int64_t workspace, char* buf, int64_t len) {
   static const char* names[] = {"auto", "warp", "block", "stream"};
   const char* name = p.family == kPassesFamily ? "passes" : p.family == kTileFamily ? "tile" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d ahead=%d straddle=%d tile=%d",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d ahead=%d straddle=%d tile=%d packed=%u",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
            static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes, p.ahead,
-           p.straddle ? 1 : 0, p.tile);
+           p.straddle ? 1 : 0, p.tile, dev.packed_clusters);
   return SOFTMAX_OK;
 }
 

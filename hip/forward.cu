@@ -145,7 +145,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     op.walks = op.walks && ceil_div(warp_row_sets(plan, p.rows), plan.blocks) >= kWalkMinSteps;
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
-  if (mode == EntryMode::kDescribe) return describe_plan(plan, ws, q->text, q->text_len);
+  if (mode == EntryMode::kDescribe) return describe_plan(plan, dev, ws, q->text, q->text_len);
   if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
                 static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));

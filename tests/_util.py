@@ -151,11 +151,19 @@ MAX_CLUSTER = 8
 STATIC_SHARED_BYTES = (32 + 2 * MAX_CLUSTER) * 16
 
 
+def packed_clusters():
+    """The cluster sizes this GPU's planner takes first (a bit a size): those whose clusters, one
+    block an SM, keep 90% of the SMs busy (hip/dispatch.cuh, kClusterFill; 2, 4 and 8 on an H200)."""
+    from pysoftmax import _ops
+    return _ops.plan((1, 1), "float32")["packed"]
+
+
 def resident_blocks(cols, step_bytes, stride):
     """How hip/dispatch.cuh's plan_stream keeps rows of `cols` on chip on this GPU, for rows_stream
     steps of `stride` columns and `step_bytes` of stage a block (512 threads): 1 where one block's
-    stage holds the row, k > 1 for a cluster of k blocks that each hold a chunk (NVIDIA sm_90+,
-    the fewest of up to 8 blocks that do), 0 where the row is streamed twice."""
+    stage holds the row, k > 1 for a cluster of k blocks that each hold a chunk (NVIDIA sm_90+: the
+    fewest of up to 8 blocks that do, of the sizes that pack the GPU with every block holding a
+    chunk where one does, else of any size), 0 where the row is streamed twice."""
     if cupy.cuda.runtime.is_hip:
         return 0  # no asynchronous copy: nothing is staged
     dev = cupy.cuda.Device()
@@ -166,8 +174,13 @@ def resident_blocks(cols, step_bytes, stride):
         return 0
     if steps * step_bytes <= budget:
         return 1
-    for k in range(2, MAX_CLUSTER + 1 if cc >= 90 else 2):
-        chunk_steps = -(-steps // k)
-        if chunk_steps * step_bytes <= budget:
-            return -(-cols // (chunk_steps * stride))
+    packed = packed_clusters() if cc >= 90 else 0
+    for first in (True, False):
+        for k in range(2, MAX_CLUSTER + 1 if cc >= 90 else 2):
+            if first and not packed >> k & 1:
+                continue
+            chunk_steps = -(-steps // k)
+            chunks = -(-cols // (chunk_steps * stride))
+            if chunk_steps * step_bytes <= budget and (chunks == k or not first):
+                return chunks
     return 0

@@ -3,7 +3,8 @@
 import numpy
 import pytest
 
-from _util import BF16, DTYPES, assert_close, assert_grad_close, poisoned, ref_softmax, resident_blocks, rng, rounded
+from _util import (BF16, DTYPES, assert_close, assert_grad_close, packed_clusters, poisoned, ref_softmax,
+                   resident_blocks, rng, rounded)
 from _util import to_device, to_host64
 
 pytestmark = pytest.mark.gpu
@@ -398,8 +399,9 @@ def test_backward_stream_resident(cols, dtype):
     """Backward rows_stream with y and dy resident in the stage (one read of each): rows of 1000
     on more rows than the grid has blocks (refills), 16-bit rows of 40000 in five steps (160 KiB,
     where the GPU allows it), float32 rows of 40000 (320 KiB) in a cluster of two blocks where the
-    GPU has clusters (else streamed twice), and of 50152 (7 steps) in a cluster of three whose
-    last block holds one step of 1000 columns (the step a cluster reads before its barriers);
+    GPU has clusters (else streamed twice), and of 50152 (7 steps) in a cluster of four (three
+    where four do not pack the GPU) whose last block holds one step of 1000 columns (the step a
+    cluster reads before its barriers);
     rows of 1001, which straddle the pack boundary, held as rows of 1000 are. Each also on a grid
     of two blocks (or clusters) that walk every row."""
     g = rng()
@@ -411,7 +413,7 @@ def test_backward_stream_resident(cols, dtype):
     assert plan["chunks"] == plan["cluster"], plan
     if cols in (1000, 1001):
         assert plan["resident"] == (1 if staged else 0) and plan["straddle"] == cols % 2, plan
-    elif dtype == "float32":  # on an H200 two (three) blocks of a cluster, 192 KiB each
+    elif dtype == "float32":  # on an H200 two blocks of a cluster, 192 KiB each (four, 128 KiB)
         expect = resident_blocks(cols, 64 << 10, 8192)  # y and dy: 2 x 4 packs a thread a step
         assert (plan["resident"], plan["cluster"]) == (expect > 0, max(expect, 1)), (plan, expect)
     elif big and cols == 40000:
@@ -423,6 +425,29 @@ def test_backward_stream_resident(cols, dtype):
                                 out=poisoned((rows, cols), dtype))
         assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, f"resident={plan['resident']} blocks={blocks} "
                           f"seed={g.seed}")
+
+
+@pytest.mark.parametrize("cols", [106496, 122880])
+def test_backward_cluster_sizes_that_pack(cols):
+    """float32 backward rows of 13 and 15 steps (8192 columns, 64 KiB of y and dy; 3 steps a block
+    on an H200). A cluster size that packs the GPU (2, 4 or 8 there: packed_clusters) is taken
+    where each of its blocks holds a chunk: 15 steps in 8 blocks of 2. 13 steps in 8 blocks of 2
+    would leave the eighth empty, so they take the fewest blocks of any size that hold them, 5 of
+    3. The plan against the tests' mirror (resident_blocks), and the gradient on both, the
+    cluster walking its rows."""
+    g = rng()
+    dev = cupy.cuda.Device()
+    rows = 4 * dev.attributes["MultiProcessorCount"] + 2  # enough rows for one chunk a block
+    plan = _ops.plan((rows, cols), "float32", direction="backward")
+    expect = resident_blocks(cols, 64 << 10, 8192)
+    assert plan["cluster"] == max(expect, 1) and plan["resident"] == (expect > 0), (plan, expect)
+    if expect > 1 and packed_clusters() >> 8 & 1:  # the H200's case: 8 packs; 5 and 7 do not
+        assert plan["cluster"] == (8 if cols == 122880 else 5), plan
+    y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), "float32")
+    dy64 = rounded(g.standard_normal((rows, cols)), "float32")
+    dx = _ops.backward_impl(to_device(y64, "float32"), to_device(dy64, "float32"), scale=0.7,
+                            out=poisoned((rows, cols), "float32"))
+    assert_grad_close(to_host64(dx), y64, dy64, 0.7, "float32", f"cluster={plan['cluster']} seed={g.seed}")
 
 
 @pytest.mark.parametrize("steps", [8, 9, 17])

@@ -35,6 +35,7 @@ static DeviceInfo described(int64_t stage_bytes, int max_cluster) {
   dev.warp = 32;
   dev.stage_bytes = stage_bytes - kStaticSharedBytes;
   dev.max_cluster = max_cluster;
+  if (max_cluster >= 8) dev.packed_clusters = 1u << 2 | 1u << 4 | 1u << 8;  // an H200's, measured (kClusterFill)
   dev.cooperative = true; dev.l2_bytes = 50 << 20;  // every GPU listed in main() launches cooperative grids
   return dev;
 }
@@ -116,6 +117,12 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               if (p.cluster > 1 && (p.cluster > dev.max_cluster || p.blocks % p.cluster || p.chunk_cols % stride ||
                                     (p.chunks - 1) * p.chunk_cols >= cols))
                 report(op, "rows_stream cluster malformed", family, pack, threads, cols, p);
+              if (p.cluster > 1 && !(dev.packed_clusters >> p.cluster & 1u))
+                for (int k = 2; k <= dev.max_cluster; ++k) {  // a size that packs the GPU and holds the row, each block a chunk
+                  const int64_t ks = (steps + k - 1) / k;
+                  if (dev.packed_clusters >> k & 1u && step * ks <= dev.stage_bytes && (cols + ks * stride - 1) / (ks * stride) == k)
+                    report(op, "rows_stream cluster that leaves SMs idle where a packing size holds the row", family, pack, threads, cols, p);
+                }
               const int64_t slots = p.grid ? p.held + (p.held < chunk_steps ? 1 : 0) : p.resident ? chunk_steps : 1;
               if (p.stage != step * slots)
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
