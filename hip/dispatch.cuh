@@ -116,8 +116,8 @@ constexpr int kPassesFillSteps = 3;
 constexpr int kPassesAhead = 1;
 // A cluster size whose clusters, one block an SM, occupy at least this share (percent) of the
 // SMs at once "packs" the GPU; plan_stream_at takes those first. (An H200's GPCs run 120-132 of
-// its 132 SMs in clusters of 2, 4 or 8, 102-117 in clusters of 3, 5, 6 or 7, which lost 1-13
-// points of copy bandwidth: docs/TUNING.md, "plan_stream_at: clusters".)
+// its 132 SMs in clusters of 2, 4 or 8, 102-117 in clusters of 3, 5, 6 or 7, which lost up to
+// 13 points of copy bandwidth, one case aside: docs/TUNING.md, "plan_stream_at: clusters".)
 constexpr int kClusterFill = 90;
 
 struct DeviceInfo {
@@ -170,16 +170,18 @@ inline int device_info(DeviceInfo* out) {
     if (e == hipSuccess && cluster_launch_supported(cluster_probe<0>, dev)) info.max_cluster = kMaxCluster;
     // The cluster sizes that pack the GPU, from the clusters of blocks holding a whole stage (one
     // an SM) the device runs at once. A failed query packs none: the fewest blocks then win.
-    if (info.max_cluster > 1 &&
-        hipFuncSetAttribute(reinterpret_cast<const void*>(cluster_probe<0>), hipFuncAttributeMaxDynamicSharedMemorySize,
-                            static_cast<int>(info.stage_bytes)) == hipSuccess) {
-      for (int k = 2; k <= info.max_cluster; ++k) {
-        const int fit = max_active_clusters(cluster_probe<0>, kStreamThreads, static_cast<size_t>(info.stage_bytes),
-                                            static_cast<unsigned>(k));
-        if (int64_t{fit} * k * 100 >= int64_t{info.sms} * kClusterFill) info.packed_clusters |= 1u << k;
+    if (info.max_cluster > 1) {
+      if (hipFuncSetAttribute(reinterpret_cast<const void*>(cluster_probe<0>), hipFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(info.stage_bytes)) != hipSuccess) {
+        (void)hipGetLastError();  // a refused attribute leaves no error for the next launch
+      } else {
+        for (int k = 2; k <= info.max_cluster; ++k) {  // (max_active_clusters clears its own failures)
+          const int fit = max_active_clusters(cluster_probe<0>, kStreamThreads, static_cast<size_t>(info.stage_bytes),
+                                              static_cast<unsigned>(k));
+          if (int64_t{fit} * k * 100 >= int64_t{info.sms} * kClusterFill) info.packed_clusters |= 1u << k;
+        }
       }
     }
-    (void)hipGetLastError();  // a refused query leaves no error for the next launch
     int coop = 0, l2 = 0;
     if (e == hipSuccess) e = hipDeviceGetAttribute(&coop, hipDeviceAttributeCooperativeLaunch, dev);
     if (e == hipSuccess) e = hipDeviceGetAttribute(&l2, hipDeviceAttributeL2CacheSize, dev);
@@ -226,8 +228,9 @@ inline int device_info(DeviceInfo* out) {
   // past the callers' own) (measurement).
   if (const char* pa = getenv("PYSOFTMAX_PASSES_AHEAD")) info.passes_ahead = atoi(pa);
   if (const char* ps = getenv("PYSOFTMAX_PASSES_STEPS")) info.passes_steps = atoi(ps);
-  // PYSOFTMAX_CLUSTER_MIN, read once a device: the fewest blocks a cluster that holds a row may
-  // have (measurement; docs/TUNING.md, "plan_stream_at: clusters").
+  // PYSOFTMAX_CLUSTER_MIN, read once a device: the first cluster size plan_stream_at tries (a row
+  // that no larger size holds may still take fewer blocks; measurement; docs/TUNING.md,
+  // "plan_stream_at: clusters").
   if (const char* cm = getenv("PYSOFTMAX_CLUSTER_MIN")) info.cluster_min = std::max(2, atoi(cm));
   // PYSOFTMAX_CLUSTER_PACKED, read once a device: "0" takes the fewest blocks that hold a row,
   // whatever their packing (measurement).

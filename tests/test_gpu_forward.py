@@ -272,7 +272,7 @@ def test_stream_resident(cols, dtype):
 @pytest.mark.parametrize("cols,dtype,blocks", [(70000, "float32", 0), (70000, "float32", 4), (150000, "float16", 2),
                                                (140000, "float32", 0)])
 def test_stream_cluster(cols, dtype, blocks):
-    """Rows longer than a block's stage (280-560 KiB), split over a cluster of 2 or 3 blocks that
+    """Rows longer than a block's stage (280-560 KiB), split over a cluster of 2 or 4 blocks that
     each keep their chunk resident and merge their statistics through each other's shared memory:
     with the automatic grid, and with grids of one or two clusters that walk every row (refilling
     their stages as they go; on an H200 2, 2 and 4 blocks, 4 packing the GPU where 3 do not). Where the GPU has no clusters, or a
