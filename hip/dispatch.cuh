@@ -110,14 +110,13 @@ constexpr int64_t kTileBytes = 64 << 10;
 constexpr int kPassesFillGroup = 4;
 constexpr int kPassesFillSteps = 3;
 // rows_passes' first sweep asks L2 for this many steps past the one it loads where a 16-bit row
-// takes more than one step of its group (sweep_row): 16-bit groups gained up to 6 points of copy,
-// float32 ones moved by -3 to +3 and keep none, and block rows lost 1-2.5 (docs/TUNING.md,
-// "rows_passes").
+// takes more than one step of its group (sweep_row): only there did it pay; float32 groups and
+// block rows keep none (docs/TUNING.md, "rows_passes").
 constexpr int kPassesAhead = 1;
 // A cluster size whose clusters, one block an SM, occupy at least this share (percent) of the
-// SMs at once "packs" the GPU; plan_stream_at takes those first. (An H200's GPCs run 120-132 of
-// its 132 SMs in clusters of 2, 4 or 8, 102-117 in clusters of 3, 5, 6 or 7, which lost up to
-// 13 points of copy bandwidth, one case aside: docs/TUNING.md, "plan_stream_at: clusters".)
+// SMs at once "packs" the GPU; plan_stream_at takes those first, as a GPC runs only whole
+// clusters and a size that does not divide its SMs leaves some idle (docs/TUNING.md,
+// "plan_stream_at: clusters").
 constexpr int kClusterFill = 90;
 
 struct DeviceInfo {
@@ -548,10 +547,9 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
 }
 
 // naive_backward's groups take vector rows of up to two steps of a full group (rows of 1024
-// columns in float32 and 16-bit), where they ran 4-7 points of copy faster than the stream's
-// narrow blocks; past that, and for online and naive, more steps of whole warps were slower
-// (docs/TUNING.md, "rows_passes"; ragged rows: plan_passes). Element-wise rows keep one step
-// (not measured).
+// columns in float32 and 16-bit), where they beat the stream's narrow blocks; past that, and for
+// online and naive, more steps of whole warps were slower (docs/TUNING.md, "rows_passes"; ragged
+// rows: plan_passes). Element-wise rows keep one step (not measured).
 constexpr int kNaiveBackwardGroupSteps = 2;
 
 // Whether a row of `lanes` lanes of vector packs (16-bit or float32) is ragged: not a whole
@@ -580,14 +578,12 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   p.passes = passes;
   // Ragged rows: vector rows whose lanes are not a whole number of warps, which a block or the
   // stream's narrow block works with idle lanes (float32 rows of 640 columns: 40 lanes, in 64
-  // threads), take up to dev.passes_steps steps of a group: online float32 640 63 -> 84%, 16-bit
-  // 1280 43 -> 62%. Rows of whole warps kept the block or the stream, which measured faster
-  // (float32 2048: 85 against 68%), and naive keeps its block a row where the groups' lanes
-  // leave fewer than an eighth of a warp idle (16-bit 3040: 95 lanes, 62 against 59%). The count
-  // is the groups' lanes: the block's own for 16-bit rows, a proxy for float32 ones, whose block
-  // lanes take twice the packs (float32 1000 and 1520 keep the block by it; in groups they ran
-  // within a point of it). float64 was not measured and keeps its plans (docs/TUNING.md,
-  // "rows_passes").
+  // threads), take up to dev.passes_steps steps of a group, where they run faster. Rows of whole
+  // warps keep the block or the stream, which is faster there, and naive keeps its block a row
+  // where the groups' lanes leave fewer than an eighth of a warp idle. The count is the groups'
+  // lanes: the block's own for 16-bit rows, a proxy for float32 ones, whose block lanes take
+  // twice the packs. float64 was not measured and keeps its plans (docs/TUNING.md, "rows_passes",
+  // has the figures).
   const bool ragged = ragged_row<T>(lanes, pack, dev.warp) && (!block || round_up(lanes, dev.warp) - lanes >= dev.warp / 8);
   const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;
   if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {

@@ -275,8 +275,9 @@ def test_stream_cluster(cols, dtype, blocks):
     """Rows longer than a block's stage (280-560 KiB), split over a cluster of 2 or 4 blocks that
     each keep their chunk resident and merge their statistics through each other's shared memory:
     with the automatic grid, and with grids of one or two clusters that walk every row (refilling
-    their stages as they go; on an H200 2, 2 and 4 blocks, 4 packing the GPU where 3 do not). Where the GPU has no clusters, or a
-    cluster's stages cannot hold the row, the same rows are streamed twice."""
+    their stages as they go; on an H200 2, 2 and 4 blocks, 4 packing the GPU where 3 do not).
+    Where the GPU has no clusters, or a cluster's stages cannot hold the row, the same rows are
+    streamed twice."""
     g = rng()
     rows = 4 * sms() + 2  # enough rows that the stream's 512-thread blocks need no split of their own
     plan = _ops.plan((rows, cols), dtype, blocks=blocks)
