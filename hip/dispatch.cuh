@@ -118,6 +118,10 @@ constexpr int kPassesAhead = 1;
 // clusters and a size that does not divide its SMs leaves some idle (docs/TUNING.md,
 // "plan_stream_at: clusters").
 constexpr int kClusterFill = 90;
+// The most steps a stream of full-width blocks that does not hold its rows keeps in flight (its
+// ring of steps' slots, rows_stream): as many as the SM's shared memory holds for the blocks its
+// register cap runs at once, up to this (docs/TUNING.md, "rows_stream ring").
+constexpr int kStreamDepth = 4;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -138,6 +142,7 @@ struct DeviceInfo {
   int passes_steps = kPassesFillSteps;   // most steps of a group a ragged vector row takes (plan_passes; PYSOFTMAX_PASSES_STEPS)
   int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
+  int stream_depth = kStreamDepth;       // most steps a stream not holding its rows has in flight (PYSOFTMAX_STREAM_DEPTH)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -234,6 +239,9 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_CLUSTER_PACKED, read once a device: "0" takes the fewest blocks that hold a row,
   // whatever their packing (measurement).
   if (const char* cp = getenv("PYSOFTMAX_CLUSTER_PACKED"); cp && cp[0] == '0' && !cp[1]) info.packed_clusters = 0;
+  // PYSOFTMAX_STREAM_DEPTH, read once a device: the most steps in flight of a stream that does not
+  // hold its rows, 1 to 8 ("1": one step ahead; measurement; docs/TUNING.md, "rows_stream ring").
+  if (const char* sd = getenv("PYSOFTMAX_STREAM_DEPTH")) info.stream_depth = std::min(8, std::max(1, atoi(sd)));
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -252,7 +260,7 @@ struct Plan {
   bool resident = false;  // rows_stream: the whole chunk stays in the stage (kStreamResident)
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
-  int held = 0;           // rows_stream, resident: steps of a chunk held in the stage (grid: the rest stream)
+  int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream); not resident, staged: steps in flight
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   int ahead = 0;          // rows_passes: steps its first sweep asks of L2 ahead of its loads (sweep_row)
   bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
@@ -409,6 +417,23 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   Plan g;
   if (on_chip == kOnGrid && chunks == 0 && !p.resident && p.stage > 0 && plan_grid<Op>(rows, cols, p, step * unroll, dev, &g))
     p = g;
+  // Rows streamed from global memory in blocks of kStreamThreads keep several steps in flight,
+  // through a ring of as many steps' slots as the SM's shared memory holds for the
+  // kStreamMinBlocks blocks the kernel's register cap runs at once, up to dev.stream_depth and to
+  // the chunk's steps (the ring never reaches into the next row). Narrower blocks, and chunks of
+  // one step, keep one step ahead: more of their blocks run an SM than the cap says, and a ring's
+  // shared memory would cut their number (docs/TUNING.md, "rows_stream ring").
+  if (!p.resident && p.stage > 0) {
+    int64_t depth = 1;
+    if (p.threads == kStreamThreads) {
+      const int64_t per_block = (dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock) / Op::kStreamMinBlocks -
+                                kStaticSharedBytes - kSharedReservedPerBlock;
+      const int64_t chunk_steps = ceil_div(p.chunk_cols, step * unroll);
+      depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, per_block / p.stage, chunk_steps}));
+    }
+    p.held = static_cast<int>(depth);
+    p.stage *= depth;
+  }
   *out = p;
   return true;
 }

@@ -217,6 +217,10 @@ void rows_block(const Op op, int64_t rows) {
 //                 Steps past `held` (kShareGrid only) are streamed through one more step's slots
 //                 in the first pass and read again in the second, last first, so that most of
 //                 them come from L2.
+//   Not resident (kStreamWhole, kStreamStats, kStreamApply): each pass streams the steps through
+//   a ring of `held` steps' slots, step s in slots (s % held) * kSlots, its copies a group of their
+//   own issued `held` steps ahead, so that `held` steps are in flight while one is reduced or
+//   written (docs/TUNING.md, "rows_stream ring").
 // kShare: how the blocks of a row (the grid's blocks b, b+1, ... b+chunks-1, which walk the
 // same rows, block b being rank b % chunks) merge their statistics:
 //   kShareNone     one block a row, or the two-launch split through ws.
@@ -339,14 +343,28 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       }
       return;
     }
-    if (kSlots) op.template prefetch<kPack, kUnroll>(w, span_at(begin, end), true, stage);
+    // The ring: a group committed for every step (empty past the stop), so that waiting until
+    // depth - 1 groups are in flight means the oldest, this step's, has landed.
+    const int depth = kSlots ? max(held, 1) : 1;
+    if (kSlots) {
+      for (int k = 0; k < depth; ++k) {
+        const int64_t b = begin + k * stride;
+        if (b < stop) op.template prefetch<kPack, kUnroll>(w, span_at(b, end), true, stage.at(k * kSlots));
+        copy_async_commit();
+      }
+    }
+    int slot = 0;
     for (int64_t base = begin; base < stop; base += stride) {
       Item v[kStep];
-      if (kSlots) copy_async_wait();
-      op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, kSlots ? &stage : nullptr);
+      const Stage st = stage.at(slot * kSlots);
+      if (kSlots) copy_async_wait_group(depth - 1);
+      op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, kSlots ? &st : nullptr);
       if (kSlots) {
         copy_async_reuse_fence();
-        if (base + stride < stop) op.template prefetch<kPack, kUnroll>(w, span_at(base + stride, end), true, stage);
+        const int64_t ahead = base + depth * stride;
+        if (ahead < stop) op.template prefetch<kPack, kUnroll>(w, span_at(ahead, end), true, st);
+        copy_async_commit();
+        slot = slot + 1 == depth ? 0 : slot + 1;
       }
       use(span_at(base, end), v);
     }

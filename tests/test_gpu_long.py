@@ -9,6 +9,10 @@ bytes: a cluster holds 196608 columns, the grid 3.2M. 16-bit steps are 16384 col
 below sit on both sides of those lengths. Masked rows, and rows whose arrays start at different
 offsets inside the pack, are never staged, so they take the two-launch split instead; odd lengths
 whose arrays share their offsets straddle (rows_stream kStraddle). Both are checked here.
+
+Rows that are streamed from global memory (naive_backward's, and the stream with one chunk
+requested) keep several steps in flight through a ring of steps' slots (`held` in a plan):
+test_stream_ring covers rows of fewer, as many and more steps than the ring, one launch and two.
 """
 
 import numpy
@@ -267,3 +271,37 @@ def test_grid_past_2_to_the_31_elements():
     dx = _ops.backward_impl(y, dy, out=cupy.full((rows, cols), numpy.nan, cupy.float32))
     assert_grad_close(cupy.asnumpy(dx[pick]).astype(numpy.float64), cupy.asnumpy(y[pick]).astype(numpy.float64),
                       cupy.asnumpy(dy[pick]).astype(numpy.float64), 1.0, "float32", "backward")
+
+
+# Rows streamed twice through the ring (rows_stream, not resident): (dtype, direction, algo, chunks)
+# with steps of 8192 columns (float32 and 16-bit backward, float32 forward: a 512-thread block's
+# step). Rows of 1-9 steps, the last one partial, against rings of up to 4 steps (3-4 on an H200,
+# never more than a chunk's steps): rows shorter than, as long as and longer than the ring.
+# 3 rows take the two-launch split, 300 one launch.
+RING = [("bfloat16", "backward", "naive", 0), ("float32", "backward", "naive", 0),
+        ("float32", "forward", "fused", 1), ("float32", "backward", "fused", 1)]
+
+
+@pytest.mark.parametrize("dtype,direction,algo,chunks", RING)
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [3, 300])
+def test_stream_ring(dtype, direction, algo, chunks, steps, rows):
+    g = rng()
+    cols = steps * 8192 - 24
+    kw = dict(chunks=chunks) if chunks else {}
+    plan = _ops.plan((rows, cols), dtype, direction=direction, algo=algo, **kw)
+    what = f"{direction} {algo} {rows}x{cols} {dtype} {plan} seed={g.seed}"
+    streamed = plan["family"] == "stream" and not plan["resident"]
+    # Rows no family holds otherwise (naive_backward's groups take one step, one block's stage a
+    # fused row of up to 3 backward or 7 forward float32 steps on an H200)
+    optin = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    must_stream = (algo == "naive" and steps > 1) or optin <= 227 << 10 and (direction == "backward" and steps > 3 or steps > 7)
+    assert streamed or not must_stream, what
+    if streamed and grid_capable():  # staged: the ring's slots are the stage
+        chunk_steps = -(-plan["chunk_cols"] // 8192)  # the ring stays inside the chunk
+        deep = optin >= 160 << 10 and plan["threads"] == 512
+        assert min(2 if deep else 1, chunk_steps) <= plan["held"] <= max(chunk_steps, 1), what
+        assert plan["stage"] % plan["held"] == 0, what
+    host = long_inputs(g, rows, cols, dtype, direction)
+    dev = [to_device(a, dtype) for a in host]
+    check_long(direction, algo, host, dev, poisoned((rows, cols), dtype), dtype, what, **kw)

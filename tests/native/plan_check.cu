@@ -47,13 +47,15 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
         for (int64_t cols = 1; cols <= 1100000; cols += cols < 5000 ? 1 : cols < 70000 ? 7 : 4999)
-          for (int64_t rows : {int64_t{1000}, int64_t{8192}, int64_t{1} << 40}) {
+          for (int64_t rows : {int64_t{1000}, int64_t{8192}, int64_t{1} << 40})
+          for (int on_chip : {kOnGrid, kOffChip}) {
           // 1000 rows split the stream into chunks; 8192 keep it whole (resident, half width);
-          // 2^40 reach every grid cap.
+          // 2^40 reach every grid cap. kOffChip: the stream never holding its rows (naive_backward's).
           if (threads && family != SOFTMAX_FAMILY_BLOCK) continue;
+          if (on_chip == kOffChip && (family != SOFTMAX_FAMILY_STREAM || (cols % 5 && cols > 5000))) continue;
           if (rows != 1000 && cols < 5000 && cols % 3) continue;  // short rows: every third length
           Plan p;
-          const bool ok = plan_rows<Op>(rows, cols, pack, family, 0, threads, dev, &p);
+          const bool ok = plan_rows<Op>(rows, cols, pack, family, 0, threads, dev, &p, on_chip);
           ++plans;
           if (!ok) {
             if (family == SOFTMAX_FAMILY_AUTO) report(op, "automatic dispatch found no family", family, pack, threads, cols, p);
@@ -123,12 +125,21 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
                   if (dev.packed_clusters >> k & 1u && step * ks <= dev.stage_bytes && (cols + ks * stride - 1) / (ks * stride) == k)
                     report(op, "rows_stream cluster that leaves SMs idle where a packing size holds the row", family, pack, threads, cols, p);
                 }
-              const int64_t slots = p.grid ? p.held + (p.held < chunk_steps ? 1 : 0) : p.resident ? chunk_steps : 1;
+              // Not resident: a ring of `held` steps' slots (the steps in flight), 1..stream_depth.
+              const int64_t slots = p.grid ? p.held + (p.held < chunk_steps ? 1 : 0) : p.resident ? chunk_steps : p.held;
               if (p.stage != step * slots)
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
-              if (!p.resident && p.chunks == 1 && step > 0 && step * steps <= dev.stage_bytes)
+              if (!p.resident && step > 0 &&
+                  (p.held < 1 || p.held > dev.stream_depth || (p.held > 1 && (p.threads != kStreamThreads || p.held > chunk_steps))))
+                report(op, "rows_stream ring of steps in flight out of range", family, pack, threads, cols, p);
+              if (!p.resident && step > 0 && p.held < dev.stream_depth && p.held < chunk_steps &&
+                  p.threads == kStreamThreads && Op::kStreamMinBlocks == 1 && step * (p.held + 1) <= dev.stage_bytes)
+                report(op, "rows_stream ring shorter than one block's stage holds", family, pack, threads, cols, p);
+              if (on_chip == kOffChip && p.resident)
+                report(op, "rows_stream resident where it may not hold rows", family, pack, threads, cols, p);
+              if (on_chip != kOffChip && !p.resident && p.chunks == 1 && step > 0 && step * steps <= dev.stage_bytes)
                 report(op, "rows_stream not resident where the row fits the stage", family, pack, threads, cols, p);
-              if (!p.resident && p.chunks == 1 && step > 0 &&
+              if (on_chip != kOffChip && !p.resident && p.chunks == 1 && step > 0 &&
                   step * ((steps + dev.max_cluster - 1) / dev.max_cluster) <= dev.stage_bytes)
                 report(op, "rows_stream not in a cluster where one holds the row", family, pack, threads, cols, p);
               Plan capped = p;  // a requested grid cap keeps whole clusters (grid groups)
