@@ -420,9 +420,9 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   // Rows streamed from global memory in blocks of kStreamThreads keep several steps in flight,
   // through a ring of as many steps' slots as the SM's shared memory holds for the
   // kStreamMinBlocks blocks the kernel's register cap runs at once, up to dev.stream_depth and to
-  // the chunk's steps (the ring never reaches into the next row). Narrower blocks, and chunks of
-  // one step, keep one step ahead: more of their blocks run an SM than the cap says, and a ring's
-  // shared memory would cut their number (docs/TUNING.md, "rows_stream ring").
+  // the chunk's steps (slots past those would only take shared memory, and rings on chunks of
+  // one step measured slower). Narrower blocks keep one step ahead: more of them run an SM than
+  // the cap says, and a ring's shared memory cut their number (docs/TUNING.md, "rows_stream ring").
   if (!p.resident && p.stage > 0) {
     int64_t depth = 1;
     if (p.threads == kStreamThreads) {

@@ -434,8 +434,10 @@ def test_plan_crosses_thresholds():
         assert bwd(32768)["resident"] == 1 and bwd(32768)["stage"] == 128 << 10 and bwd(32768)["cluster"] == 1
     longer, expect = bwd(65536), resident_blocks(65536, 32 << 10, 8192)
     assert longer["family"] == "stream" and longer["resident"] == (expect > 0), (longer, expect)
-    steps = -(-8 // expect) if expect else 1  # the 8 steps of a row, split over the cluster's blocks
+    # The 8 steps of a row split over the cluster's blocks, or streamed through a ring of steps' slots.
+    steps = -(-8 // expect) if expect else longer["held"]
     assert longer["cluster"] == max(expect, 1) and longer["stage"] == steps * (32 << 10), (longer, expect)
+    assert expect or 1 <= longer["held"] <= 4, longer
     assert bwd(1000, algo="naive")["resident"] == 0  # the reference reads global memory twice
 
 

@@ -11,8 +11,9 @@ offsets inside the pack, are never staged, so they take the two-launch split ins
 whose arrays share their offsets straddle (rows_stream kStraddle). Both are checked here.
 
 Rows that are streamed from global memory (naive_backward's, and the stream with one chunk
-requested) keep several steps in flight through a ring of steps' slots (`held` in a plan):
-test_stream_ring covers rows of fewer, as many and more steps than the ring, one launch and two.
+requested) keep several steps in flight through a ring of steps' slots (`held` in a plan, never
+more than a chunk's steps): test_stream_ring covers chunks as long as the ring and longer, one
+launch and two.
 """
 
 import numpy
@@ -275,9 +276,10 @@ def test_grid_past_2_to_the_31_elements():
 
 # Rows streamed twice through the ring (rows_stream, not resident): (dtype, direction, algo, chunks)
 # with steps of 8192 columns (float32 and 16-bit backward, float32 forward: a 512-thread block's
-# step). Rows of 1-9 steps, the last one partial, against rings of up to 4 steps (3-4 on an H200,
-# never more than a chunk's steps): rows shorter than, as long as and longer than the ring.
-# 3 rows take the two-launch split, 300 one launch.
+# step). Rows of 1-9 steps, the last one partial, against rings of up to 4 steps (1-4 on an H200:
+# never more than a chunk's steps), so chunks as long as the ring and longer. naive_backward
+# splits its rows over two launches (3 rows in chunks of a step, 300 in two chunks); the fused
+# cases ask for one chunk, one launch.
 RING = [("bfloat16", "backward", "naive", 0), ("float32", "backward", "naive", 0),
         ("float32", "forward", "fused", 1), ("float32", "backward", "fused", 1)]
 
@@ -294,8 +296,8 @@ def test_stream_ring(dtype, direction, algo, chunks, steps, rows):
     streamed = plan["family"] == "stream" and not plan["resident"]
     # Rows no family holds otherwise (naive_backward's groups take one step, one block's stage a
     # fused row of up to 3 backward or 7 forward float32 steps on an H200)
-    optin = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    must_stream = (algo == "naive" and steps > 1) or optin <= 227 << 10 and (direction == "backward" and steps > 3 or steps > 7)
+    optin = 0 if cupy.cuda.runtime.is_hip else cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    must_stream = (algo == "naive" and steps > 1) or 0 < optin <= 227 << 10 and (direction == "backward" and steps > 3 or steps > 7)
     assert streamed or not must_stream, what
     if streamed and grid_capable():  # staged: the ring's slots are the stage
         chunk_steps = -(-plan["chunk_cols"] // 8192)  # the ring stays inside the chunk
