@@ -74,6 +74,11 @@ x = arr((3, 70000))
 step("stream split", lambda: _ops.forward(x, family=3, chunks=5))
 step("stream split backward", lambda: _ops.backward_impl(x, x, family=3, chunks=5))
 step("online one long row", lambda: pysoftmax.online(arr((1, 300000))))
+# Rows read twice through the stream's ring of steps in flight (4 steps of 8192 16-bit columns
+# on an H200, rows of 5 steps, the last partial, and more rows than blocks: one chunk a row).
+x = arr((600, 5 * 8192 - 24), "float16")
+plan = _ops.plan(x.shape, "float16", direction="backward", algo="naive")
+step(f"naive_backward ring (held={plan['held']} chunks={plan['chunks']})", lambda: pysoftmax.naive_backward(x, x))
 s = arr((2, 3, 40, 40), "float16")
 keep = cupy.asarray(rng.random((2, 1, 1, 40)) > 0.3)
 step("fused mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep, causal=True))
