@@ -260,7 +260,7 @@ struct Plan {
   bool resident = false;  // rows_stream: the whole chunk stays in the stage (kStreamResident)
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
-  int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream); not resident, staged: steps in flight
+  int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream), or in flight (not resident)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   int ahead = 0;          // rows_passes: steps its first sweep asks of L2 ahead of its loads (sweep_row)
   bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
