@@ -122,6 +122,9 @@ constexpr int kClusterFill = 90;
 // ring of steps' slots, rows_stream): as many as the SM's shared memory holds for the blocks its
 // register cap runs at once, up to this (docs/TUNING.md, "rows_stream ring").
 constexpr int kStreamDepth = 4;
+// The most PYSOFTMAX_STREAM_DEPTH asks for: copy_async_wait_group waits for exactly the oldest
+// group with up to 7 others in flight (past that it waits for more than it needs).
+constexpr int kMaxStreamDepth = 8;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -240,8 +243,9 @@ inline int device_info(DeviceInfo* out) {
   // whatever their packing (measurement).
   if (const char* cp = getenv("PYSOFTMAX_CLUSTER_PACKED"); cp && cp[0] == '0' && !cp[1]) info.packed_clusters = 0;
   // PYSOFTMAX_STREAM_DEPTH, read once a device: the most steps in flight of a stream that does not
-  // hold its rows, 1 to 8 ("1": one step ahead; measurement; docs/TUNING.md, "rows_stream ring").
-  if (const char* sd = getenv("PYSOFTMAX_STREAM_DEPTH")) info.stream_depth = std::min(8, std::max(1, atoi(sd)));
+  // hold its rows, 1 to kMaxStreamDepth ("1": one step ahead; measurement; docs/TUNING.md,
+  // "rows_stream ring").
+  if (const char* sd = getenv("PYSOFTMAX_STREAM_DEPTH")) info.stream_depth = std::min(kMaxStreamDepth, std::max(1, atoi(sd)));
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -309,18 +313,28 @@ constexpr double kGridReread = 0.25;
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
 constexpr int64_t kGridPairMinSteps = 3;
 constexpr int64_t kSharedReservedPerBlock = 1 << 10;  // what the runtime keeps of an SM's shared memory a block (sm_80/sm_90)
+// An SM's shared memory as the planner counts it: a block's opt-in stage plus the static scratch
+// and the runtime's reservation that every block takes besides its stage.
+inline int64_t sm_shared_bytes(const DeviceInfo& dev) { return dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock; }
+// The stage each of `blocks` blocks sharing an SM may take.
+inline int64_t stage_per_block(const DeviceInfo& dev, int64_t blocks) {
+  return sm_shared_bytes(dev) / blocks - kStaticSharedBytes - kSharedReservedPerBlock;
+}
+// The blocks an SM's shared memory holds at once when each stages `stage` bytes.
+inline int64_t blocks_by_shared(const DeviceInfo& dev, int64_t stage) {
+  return sm_shared_bytes(dev) / (stage + kStaticSharedBytes + kSharedReservedPerBlock);
+}
 template <typename Op>
 bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, const DeviceInfo& dev, Plan* out) {
   const int64_t step_stage = stream.stage;  // one step's slots
   if (!dev.cooperative || step_stage <= 0 || stream.threads != kStreamThreads) return false;
   const int64_t steps = ceil_div(cols, step);
-  const int64_t sm_shared = dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock;
   double best = 0;
   for (int anywhere = 0; anywhere < 2 && best == 0; ++anywhere) {  // 1: streamed steps past the L2 too
     for (int per_sm = 1; per_sm <= 2; ++per_sm) {
       if (dev.grid_blocks > 0 && per_sm != dev.grid_blocks) continue;
       if (per_sm > Op::kStreamMinBlocks) continue;  // the kernel's register cap admits kStreamMinBlocks blocks an SM
-      const int64_t fit = (sm_shared / per_sm - kStaticSharedBytes - kSharedReservedPerBlock) / step_stage;
+      const int64_t fit = stage_per_block(dev, per_sm) / step_stage;
       const int64_t grid = int64_t{dev.sms} * per_sm;
       // At most a partial a thread: the kernel's merge reads partial k in thread k.
       for (int64_t c = 2; c <= std::min({grid, steps, int64_t{kStreamThreads}}); ++c) {
@@ -426,10 +440,9 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   if (!p.resident && p.stage > 0) {
     int64_t depth = 1;
     if (p.threads == kStreamThreads) {
-      const int64_t per_block = (dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock) / Op::kStreamMinBlocks -
-                                kStaticSharedBytes - kSharedReservedPerBlock;
       const int64_t chunk_steps = ceil_div(p.chunk_cols, step * unroll);
-      depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, per_block / p.stage, chunk_steps}));
+      const int64_t fit = stage_per_block(dev, Op::kStreamMinBlocks) / p.stage;
+      depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, chunk_steps}));
     }
     p.held = static_cast<int>(depth);
     p.stage *= depth;
@@ -443,8 +456,7 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
 // block on sm_80/sm_90), its register file at the kernel's register cap (the launch bound of
 // kStreamMinBlocks blocks of kStreamThreads) and kThreadsPerSm admit.
 template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const DeviceInfo& dev) {
-  const int64_t by_shared = (dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock) /
-                            (p.stage + kStaticSharedBytes + kSharedReservedPerBlock);
+  const int64_t by_shared = blocks_by_shared(dev, p.stage);
   constexpr int kCap = kRegistersPerSm / (kStreamThreads * Op::kStreamMinBlocks);
   const int64_t by_registers = kRegistersPerSm / (int64_t{p.threads} * kCap);
   return std::min({by_shared, by_registers, int64_t{kThreadsPerSm} / p.threads}) * p.stage;
@@ -955,8 +967,7 @@ bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_til
   // As many blocks as the SM's shared memory holds at once, walking the tiles; launch() also caps
   // them at the blocks the kernel's registers let run at once (dev.tile_fit), so that no partial
   // last wave of blocks walks its tiles alone.
-  const int64_t sm_shared = dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock;
-  const int64_t per_sm = std::max<int64_t>(1, sm_shared / (p.stage + kStaticSharedBytes + kSharedReservedPerBlock));
+  const int64_t per_sm = std::max<int64_t>(1, blocks_by_shared(dev, p.stage));
   p.blocks = std::min<int64_t>(ceil_div(rows, p.tile), int64_t{dev.sms} * std::min<int64_t>(per_sm, kMaxBlocksPerSm));
   p.fit_sms = dev.tile_fit ? dev.sms : 0;
   *plan = p;

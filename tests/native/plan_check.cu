@@ -113,8 +113,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
                              p.chunk_cols % stride || (p.chunks - 1) * p.chunk_cols >= cols || p.held < 1 ||
                              p.held > chunk_steps || p.threads != kStreamThreads || p.chunks > p.threads))
                 report(op, "rows_stream grid malformed", family, pack, threads, cols, p);
-              if (p.grid && p.blocks > dev.sms &&
-                  2 * (p.stage + kStaticSharedBytes + kSharedReservedPerBlock) > dev.stage_bytes + kStaticSharedBytes + kSharedReservedPerBlock)
+              if (p.grid && p.blocks > dev.sms && blocks_by_shared(dev, p.stage) < 2)
                 report(op, "rows_stream grid of two blocks an SM that do not fit its shared memory", family, pack, threads, cols, p);
               if (p.cluster > 1 && (p.cluster > dev.max_cluster || p.blocks % p.cluster || p.chunk_cols % stride ||
                                     (p.chunks - 1) * p.chunk_cols >= cols))
