@@ -125,6 +125,9 @@ constexpr int kStreamDepth = 4;
 // The most PYSOFTMAX_STREAM_DEPTH asks for: copy_async_wait_group waits for exactly the oldest
 // group with up to 7 others in flight (past that it waits for more than it needs).
 constexpr int kMaxStreamDepth = 8;
+// plan_grid's cost of a streamed step past a step held, in steps: a whole step, since the streamed
+// steps go one at a time, each read twice, and hide neither read (docs/TUNING.md, "plan_grid").
+constexpr double kGridReread = 1.0;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -132,6 +135,7 @@ struct DeviceInfo {
   int max_cluster = 1;      // most blocks of a cluster the stream may launch (1: no clusters)
   bool cooperative = false; // cooperative launches (rows_stream kShareGrid)
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
+  double grid_reread = kGridReread;  // plan_grid's cost of a streamed step (PYSOFTMAX_GRID_REREAD)
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
   bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
@@ -199,6 +203,9 @@ inline int device_info(DeviceInfo* out) {
     const int want = forced && forced[0] >= '0' && forced[0] <= '2' && !forced[1] ? forced[0] - '0' : -1;
     info.cooperative = coop != 0 && want != 0;
     info.grid_blocks = want > 0 ? want : 0;
+    // PYSOFTMAX_GRID_REREAD, read once a device: plan_grid's cost of a streamed step, in steps,
+    // 0 to 8 (measurement; docs/TUNING.md, "plan_grid").
+    if (const char* rr = getenv("PYSOFTMAX_GRID_REREAD")) info.grid_reread = std::min(8.0, std::max(0.0, atof(rr)));
   }
   // PYSOFTMAX_ODD_PACKS, read once a device: the odd pack counts rows_warp may take, as digits of
   // kOddPacks ("35"), "r" to take them over two-row plans too, "0" none (tuning; docs/TUNING.md,
@@ -306,10 +313,9 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // whole, of kGridPairMinSteps steps or more (shorter chunks meet at their barriers too often).
 // Of those, the plan is the one that minimises an SM's time, in steps (a step read and written):
 // its blocks' rows (ceil(rows / groups)) times the steps a row of all its blocks, a streamed step
-// costing kGridReread more, and each row kGridRowCost[blocks an SM] for its barrier, which a
-// second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
+// costing dev.grid_reread (kGridReread) more, and each row kGridRowCost[blocks an SM] for its
+// barrier, which a second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning.
-constexpr double kGridReread = 0.25;
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
 constexpr int64_t kGridPairMinSteps = 3;
 constexpr int64_t kSharedReservedPerBlock = 1 << 10;  // what the runtime keeps of an SM's shared memory a block (sm_80/sm_90)
@@ -345,7 +351,7 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
         if (held < 1 || (per_sm == 2 && (held < n || n < kGridPairMinSteps))) continue;
         if (!anywhere && (n - held) * step_stage * groups * c > dev.l2_bytes / 2) continue;
         const double cost = static_cast<double>(ceil_div(rows, groups)) *
-                            (per_sm * (n + (n - held) * kGridReread) + kGridRowCost[per_sm]);
+                            (per_sm * (n + (n - held) * dev.grid_reread) + kGridRowCost[per_sm]);
         if (best > 0 && cost >= best) continue;
         best = cost;
         Plan p = stream;

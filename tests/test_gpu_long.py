@@ -16,6 +16,8 @@ more than a chunk's steps): test_stream_ring covers chunks as long as the ring a
 launch and two.
 """
 
+import os
+
 import numpy
 import pytest
 
@@ -57,7 +59,8 @@ CASES = [
     (3, 196608, "float32", "backward"),       # a cluster of 8
     (3, 196612, "float32", "backward"),       # the grid
     (1, 4194308, "float32", "backward"),      # streamed in part
-    (101, 300004, "float32", "backward"),
+    (101, 300004, "float32", "backward"),     # the grid holds its chunks whole (kGridReread)
+    (40, 300004, "bfloat16", "backward"),
     (3, 917504, "float16", "forward"),        # a cluster of 8
     (3, 917512, "float16", "forward"),        # the grid
     (1, 16777216, "bfloat16", "forward"),     # streamed in part
@@ -91,6 +94,23 @@ def test_long_rows(rows, cols, dtype, direction):
         dx = _ops.backward_impl(to_device(y64, dtype), to_device(dy64, dtype), scale=0.7,
                                 out=poisoned((rows, cols), dtype))
         assert_grad_close(to_host64(dx), y64, dy64, 0.7, dtype, what)
+
+
+def test_grid_holds_chunks_whole_where_rows_are_many():
+    """plan_grid's cost of a streamed step (kGridReread, a whole step): where a group walks many
+    rows, it takes more, shorter chunks that its blocks hold whole rather than fewer that stream
+    part of each (docs/TUNING.md, "plan_grid"); a row alone still streams."""
+    if not grid_capable() or not clusters():
+        pytest.skip("no cooperative grid of staged rows, or no clusters, here")
+    if os.environ.get("PYSOFTMAX_GRID_REREAD") or os.environ.get("PYSOFTMAX_GRID_BLOCKS"):
+        pytest.skip("plan_grid's cost or blocks an SM set by the environment")
+    step = 8192  # backward's columns a step, every dtype but float64, on an H200
+    for shape, dtype in [((256, 1048576), "float32"), ((256, 1048576), "bfloat16"), ((101, 300004), "float32"),
+                         ((4096, 262144), "float32"), ((40, 300004), "bfloat16")]:
+        plan = _ops.plan(shape, dtype, direction="backward")
+        assert plan["grid"] == 1 and plan["held"] == -(-plan["chunk_cols"] // step), (shape, dtype, plan)
+    plan = _ops.plan((1, 4194308), "float32", direction="backward")
+    assert plan["grid"] == 1 and plan["held"] < -(-plan["chunk_cols"] // step), plan
 
 
 # Straddling rows (hip/families.cuh, rows_stream kStraddle): odd lengths, whose rows start at every
