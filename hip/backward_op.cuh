@@ -37,6 +37,7 @@ template <typename T> struct BackwardOp {
   static constexpr int64_t kTileVecCols = kPolicy.tile_vec_cols;
   static constexpr int kTileVecRegisters = kPolicy.tile_vec_registers;
   static constexpr int kTileBlocks = kPolicy.tile_blocks, kTileVecBlocks = kPolicy.tile_vec_blocks;
+  static constexpr bool kStreamCarry = kPolicy.stream_carry;
 
   const T* y;
   const T* dy;

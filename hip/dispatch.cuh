@@ -150,6 +150,7 @@ struct DeviceInfo {
   int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
   int stream_depth = kStreamDepth;       // most steps a stream not holding its rows has in flight (PYSOFTMAX_STREAM_DEPTH)
+  bool carry = true;                     // plans may carry the stream's ring across passes and rows (PYSOFTMAX_CARRY)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -253,6 +254,9 @@ inline int device_info(DeviceInfo* out) {
   // hold its rows, 1 to kMaxStreamDepth ("1": one step ahead; measurement; docs/TUNING.md,
   // "rows_stream ring").
   if (const char* sd = getenv("PYSOFTMAX_STREAM_DEPTH")) info.stream_depth = std::min(kMaxStreamDepth, std::max(1, atoi(sd)));
+  // PYSOFTMAX_CARRY, read once a device: "0" no stream carries its ring across passes and rows
+  // (measurement; docs/TUNING.md, "rows_stream ring").
+  if (const char* ca = getenv("PYSOFTMAX_CARRY")) info.carry = !(ca[0] == '0' && !ca[1]);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -272,6 +276,7 @@ struct Plan {
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
   int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream), or in flight (not resident)
+  bool carry = false;     // rows_stream, not resident: the ring runs on across the block's passes and rows (kCarry)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   int ahead = 0;          // rows_passes: steps its first sweep asks of L2 ahead of its loads (sweep_row)
   bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
@@ -439,16 +444,23 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
     p = g;
   // Rows streamed from global memory in blocks of kStreamThreads keep several steps in flight,
   // through a ring of as many steps' slots as the SM's shared memory holds for the
-  // kStreamMinBlocks blocks the kernel's register cap runs at once, up to dev.stream_depth and to
-  // the chunk's steps (slots past those would only take shared memory, and rings on chunks of
-  // one step measured slower). Narrower blocks keep one step ahead: more of them run an SM than
-  // the cap says, and a ring's shared memory cut their number (docs/TUNING.md, "rows_stream ring").
+  // kStreamMinBlocks blocks the kernel's register cap runs at once, up to dev.stream_depth, and
+  // no more than the steps the ring walks (slots past those would only take shared memory):
+  // - carried (Op::kStreamCarry, rows_stream kCarry): the ring runs on along a block's passes and
+  //   rows (two passes a row in one launch, one in each of the split's), so it walks the block's
+  //   steps, and a chunk shorter than the ring fills it too;
+  // - else a ring a pass walks the chunk's steps (rings on chunks of one step measured slower).
+  // Narrower blocks keep one step ahead: more of them run an SM than the cap says, and a ring's
+  // shared memory and the carried ring's registers would cut their number (docs/TUNING.md,
+  // "rows_stream ring").
   if (!p.resident && p.stage > 0) {
     int64_t depth = 1;
     if (p.threads == kStreamThreads) {
+      p.carry = Op::kStreamCarry && dev.carry;
       const int64_t chunk_steps = ceil_div(p.chunk_cols, step * unroll);
+      const int64_t walked = p.carry ? ceil_div(rows * p.chunks, p.blocks) * chunk_steps * (p.chunks == 1 ? 2 : 1) : chunk_steps;
       const int64_t fit = stage_per_block(dev, Op::kStreamMinBlocks) / p.stage;
-      depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, chunk_steps}));
+      depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, walked}));
     }
     p.held = static_cast<int>(depth);
     p.stage *= depth;
@@ -678,10 +690,10 @@ inline int describe_plan(const Plan& p, const DeviceInfo& dev, int64_t workspace
   const char* name = p.family == kPassesFamily ? "passes" : p.family == kTileFamily ? "tile" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d passes=%d ahead=%d straddle=%d tile=%d packed=%u",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d carry=%d passes=%d ahead=%d straddle=%d tile=%d packed=%u",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.passes, p.ahead,
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.carry ? 1 : 0, p.passes, p.ahead,
            p.straddle ? 1 : 0, p.tile, dev.packed_clusters);
   return SOFTMAX_OK;
 }
@@ -796,14 +808,22 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a shared-row plan for rows that are not staged");
   }
-  auto* const kernel = rows_stream<Op, kPack, kShareNone, kStraddle>;
-  if (p.chunks == 1)
-    return launch(kernel, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols, p.held,
-                  int{p.resident ? kStreamResident : kStreamWhole}, ws);
-  if (int st = launch(kernel, "rows_stream (statistics)", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
-                      int{kStreamStats}, ws))
-    return st;
-  return launch(kernel, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols, p.held, int{kStreamApply}, ws);
+  // One block a row (one launch), or the split's two launches.
+  auto run = [&](auto* kernel) {
+    if (p.chunks == 1)
+      return launch(kernel, "rows_stream", p, s, op, rows, int64_t{1}, p.chunk_cols, p.held,
+                    int{p.resident ? kStreamResident : kStreamWhole}, ws);
+    if (int st = launch(kernel, "rows_stream (statistics)", p, s, op, rows, p.chunks, p.chunk_cols, p.held,
+                        int{kStreamStats}, ws))
+      return st;
+    return launch(kernel, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols, p.held, int{kStreamApply}, ws);
+  };
+  if (p.carry) {
+    if constexpr (kPack > 1 && Op::kStageStream && Op::kStreamCarry && kAsyncCopy)
+      if (!p.resident) return run(rows_stream<Op, kPack, kShareNone, kStraddle, true>);
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a carried ring for rows that are not streamed through a stage");
+  }
+  return run(rows_stream<Op, kPack, kShareNone, kStraddle>);
 }
 
 template <typename Op, int kPack>

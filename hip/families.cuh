@@ -220,7 +220,9 @@ void rows_block(const Op op, int64_t rows) {
 //   Not resident (kStreamWhole, kStreamStats, kStreamApply): each pass streams the steps through
 //   a ring of `held` steps' slots, step s in slots (s % held) * kSlots, its copies a group of their
 //   own issued `held` steps ahead, so that `held` steps are in flight while one is reduced or
-//   written (docs/TUNING.md, "rows_stream ring").
+//   written (docs/TUNING.md, "rows_stream ring"). kCarry: the ring runs on along the block's whole
+//   sequence of steps (pass after pass, set after set), so that `held` steps are in flight also
+//   while a statistic is reduced between the passes and while a row ends.
 // kShare: how the blocks of a row (the grid's blocks b, b+1, ... b+chunks-1, which walk the
 // same rows, block b being rank b % chunks) merge their statistics:
 //   kShareNone     one block a row, or the two-launch split through ws.
@@ -236,6 +238,10 @@ void rows_block(const Op op, int64_t rows) {
 // element each of threads 0..kPack-2 of the row's first chunk, added to that block's statistic
 // and applied after its pass. Per row, that costs a long row nothing measurable; the flag is a
 // kernel of its own, as the straight rows then carry no trace of it.
+// kCarry: the carried ring (not resident, staged, kShareNone; Plan::carry). A kernel of its own:
+// the ring's position along the block's sequence (the next copy's set, pass, row and columns)
+// takes some 15-30 registers, which would cut the blocks an SM of the narrower streams and spill
+// the resident ones; a stream of kStreamThreads under a cap of one block an SM has room for them.
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2 };
@@ -249,7 +255,7 @@ template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, 
   return grid_partials_bytes<Stat>(groups, chunks) + groups * static_cast<int64_t>(sizeof(unsigned));
 }
 
-template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false>
+template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, bool kCarry = false>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
 void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int held, int phase,
                             typename Op::Stat* ws) {
@@ -264,7 +270,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
   constexpr int kSlots = stage_slots<Op>(Op::kStageStream, kPack, kUnroll, 1);
   const Stage stage = thread_stage<kSlots>();
-  const bool resident = kSlots && phase == kStreamResident;
+  static_assert(!kCarry || (kSlots > 0 && kShare == kShareNone), "the carried ring: staged rows, one block a row");
+  const bool resident = kSlots && !kCarry && phase == kStreamResident;
   // The thread's packs of the step at `base` of a chunk ending at `end`.
   auto span_at = [&](int64_t base, int64_t end) {
     return Span{base, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), end};
@@ -295,6 +302,76 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       copy_async_commit();
     }
   };
+  // kStraddle: a row's elements before its first pack boundary, and the row shifted to its body.
+  auto head_of = [&](const typename Op::Row& w) {
+    if constexpr (kStraddle) return op.head(w);
+    else return 0;
+  };
+  auto shifted = [&](const typename Op::Row& w, int head) {
+    if constexpr (kStraddle) return op.shift(w, head);
+    else return w;
+  };
+  auto body = [&](const typename Op::Row& w) { return shifted(w, head_of(w)); };
+  // Set b of the launch: row r, chunk `chunk`, the chunk's columns [begin, end) (kStreamApply
+  // takes the sets in reverse).
+  struct Set {
+    int64_t id, r, chunk, begin, end;
+  };
+  auto set_of = [&](int64_t b) {
+    Set t;
+    t.id = phase == kStreamApply ? nblocks - 1 - b : b;
+    t.r = t.id / chunks;
+    t.chunk = t.id % chunks;
+    t.begin = t.chunk * chunk_cols;
+    t.end = min(op.cols, t.begin + chunk_cols);
+    return t;
+  };
+  // kCarry: the ring's copies run `depth` steps ahead of its reads along the block's whole
+  // sequence of steps: its sets b, b + gridDim.x, ... in turn, each set's passes (kStreamWhole
+  // two, kStreamStats and kStreamApply one) in turn, each pass's steps [begin, stop) in turn, as
+  // the loop below reads them. `ahead_*`: the next step to copy, at ahead_base of pass ahead_pass
+  // of set ahead_b (row ahead_w, its chunk ending at ahead_end); ahead_b >= nblocks once the
+  // sequence is done.
+  const int depth = kCarry ? max(held, 1) : 1;
+  const int passes = phase == kStreamWhole ? 2 : 1;
+  int slot = 0;  // kCarry: the slots of the step read next, from slot * kSlots
+  int64_t ahead_b = blockIdx.x, ahead_base = 0, ahead_end = 0;
+  int ahead_pass = 0;
+  typename Op::Row ahead_w{};
+  // ahead_* at the first step of a pass of set ahead_b (new_set: its row too).
+  auto ahead_from = [&](bool new_set) {
+    const Set t = set_of(ahead_b);
+    if (new_set) ahead_w = body(op.prefetch_row(t.r));
+    ahead_base = t.begin;
+    ahead_end = t.end;
+  };
+  // ahead_* moved past the passes with no step left to the next that has one.
+  auto settle_ahead = [&] {
+    while (ahead_b < nblocks && ahead_base >= min(ahead_end, op.live_end(ahead_w))) {
+      const bool new_set = ++ahead_pass == passes;
+      if (new_set) {
+        ahead_pass = 0;
+        ahead_b += gridDim.x;
+        if (ahead_b >= nblocks) break;
+      }
+      ahead_from(new_set);
+    }
+  };
+  // The next step's copies into the slots `st`, a group of their own (empty once the sequence is
+  // done, so that every read commits one), and ahead_* moved on.
+  auto copy_ahead = [&](const Stage& st) {
+    if (ahead_b < nblocks) op.template prefetch<kPack, kUnroll>(ahead_w, span_at(ahead_base, ahead_end), true, st);
+    copy_async_commit();
+    ahead_base += stride;
+    settle_ahead();
+  };
+  if constexpr (kCarry) {
+    if (ahead_b < nblocks) {
+      ahead_from(true);
+      settle_ahead();
+    }
+    for (int k = 0; k < depth; ++k) copy_ahead(stage.at(k * kSlots));
+  }
   // kShareGrid's streamed steps: base = from_base, from_base + dir * stride, ... while in [lo, hi)
   // of row w (a chunk ending at `end`), use(span, items) per step, the next step's copies in
   // flight through the slots `st` while this step is reduced or written. (The unstaged and
@@ -343,42 +420,47 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       }
       return;
     }
-    // The ring: a group committed for every step (empty past the stop), so that waiting until
-    // depth - 1 groups are in flight means the oldest, this step's, has landed.
-    const int depth = kSlots ? max(held, 1) : 1;
+    if constexpr (kCarry) {
+      // The carried ring (above): this step is the oldest of the `depth` in flight, and its slots
+      // take the step `depth` further along the block's sequence as soon as it is read.
+      for (int64_t base = begin; base < stop; base += stride) {
+        Item v[kStep];
+        const Stage st = stage.at(slot * kSlots);
+        copy_async_wait_group(depth - 1);
+        op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, &st);
+        copy_async_reuse_fence();
+        copy_ahead(st);
+        slot = slot + 1 == depth ? 0 : slot + 1;
+        use(span_at(base, end), v);
+      }
+      return;
+    }
+    // The ring of this pass: a group committed for every step (empty past the stop), so that
+    // waiting until ring - 1 groups are in flight means the oldest, this step's, has landed.
+    const int ring = kSlots ? max(held, 1) : 1;
     if (kSlots) {
-      for (int k = 0; k < depth; ++k) {
+      for (int k = 0; k < ring; ++k) {
         const int64_t b = begin + k * stride;
         if (b < stop) op.template prefetch<kPack, kUnroll>(w, span_at(b, end), true, stage.at(k * kSlots));
         copy_async_commit();
       }
     }
-    int slot = 0;
+    int at = 0;
     for (int64_t base = begin; base < stop; base += stride) {
       Item v[kStep];
-      const Stage st = stage.at(slot * kSlots);
-      if (kSlots) copy_async_wait_group(depth - 1);
+      const Stage st = stage.at(at * kSlots);
+      if (kSlots) copy_async_wait_group(ring - 1);
       op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, kSlots ? &st : nullptr);
       if (kSlots) {
         copy_async_reuse_fence();
-        const int64_t ahead = base + depth * stride;
+        const int64_t ahead = base + ring * stride;
         if (ahead < stop) op.template prefetch<kPack, kUnroll>(w, span_at(ahead, end), true, st);
         copy_async_commit();
-        slot = slot + 1 == depth ? 0 : slot + 1;
+        at = at + 1 == ring ? 0 : at + 1;
       }
       use(span_at(base, end), v);
     }
   };
-  // kStraddle: a row's elements before its first pack boundary, and the row shifted to its body.
-  auto head_of = [&](const typename Op::Row& w) {
-    if constexpr (kStraddle) return op.head(w);
-    else return 0;
-  };
-  auto shifted = [&](const typename Op::Row& w, int head) {
-    if constexpr (kStraddle) return op.shift(w, head);
-    else return w;
-  };
-  auto body = [&](const typename Op::Row& w) { return shifted(w, head_of(w)); };
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
     const typename Op::Row w = body(op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x));
     const int64_t begin = kShared ? blockIdx.x % chunks * chunk_cols : 0;
@@ -392,10 +474,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   int parity = 0;    // kShared: which of the two exchange slots this row uses
   unsigned arrived = 0;  // kShareGrid: the group's counter once this row's partials are all in
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
-    const int64_t id = phase == kStreamApply ? nblocks - 1 - b : b;
-    const int64_t r = id / chunks, chunk = id % chunks;
-    const int64_t begin = chunk * chunk_cols;
-    const int64_t end = min(op.cols, begin + chunk_cols);
+    const Set set = set_of(b);
+    const int64_t id = set.id, r = set.r, chunk = set.chunk, begin = set.begin, end = set.end;
     const typename Op::Row whole_row = op.row(r);
     const int head = head_of(whole_row);
     const typename Op::Row w = shifted(whole_row, head);

@@ -46,6 +46,7 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int64_t kTileVecCols = kPolicy.tile_vec_cols;
   static constexpr int kTileVecRegisters = kPolicy.tile_vec_registers;
   static constexpr int kTileBlocks = kPolicy.tile_blocks, kTileVecBlocks = kPolicy.tile_vec_blocks;
+  static constexpr bool kStreamCarry = kPolicy.stream_carry;
 
   const T* x;
   T* y;

@@ -11,9 +11,11 @@ offsets inside the pack, are never staged, so they take the two-launch split ins
 whose arrays share their offsets straddle (rows_stream kStraddle). Both are checked here.
 
 Rows that are streamed from global memory (naive_backward's, and the stream with one chunk
-requested) keep several steps in flight through a ring of steps' slots (`held` in a plan, never
-more than a chunk's steps): test_stream_ring covers chunks as long as the ring and longer, one
-launch and two.
+requested) keep several steps in flight through a ring of steps' slots (`held` in a plan). The
+forward's ring walks a pass, never more than a chunk's steps; the backward's 512-thread blocks
+carry theirs on from pass to pass and row to row (`carry` in a plan), never more than a block's
+steps. test_stream_ring covers chunks shorter than the ring, as long and longer, one launch and
+two, grids capped at a few blocks; test_stream_ring_across_rows more rows than the grid has blocks.
 """
 
 import os
@@ -298,21 +300,32 @@ def test_grid_past_2_to_the_31_elements():
 
 # Rows streamed twice through the ring (rows_stream, not resident): (dtype, direction, algo, chunks)
 # with steps of 8192 columns (float32 and 16-bit backward, float32 forward: a 512-thread block's
-# step). Rows of 1-9 steps, the last one partial, against rings of up to 4 steps (1-4 on an H200:
-# never more than a chunk's steps), so chunks as long as the ring and longer. naive_backward
-# splits its rows over two launches (3 rows in chunks of a step, 300 in two chunks); the fused
-# cases ask for one chunk, one launch.
+# step). Rows of 1-9 steps, the last one partial, against rings of 1-4 steps. The forward's ring
+# walks a pass (no more slots than a chunk's steps); the backward's is carried (rows_stream kCarry)
+# along a block's passes and rows or chunks (no more slots than a block of the automatic grid has
+# steps: two passes a row in one launch, one in each of the split's), so chunks shorter than the
+# ring, as long and longer. naive_backward splits rows of two steps or more over two launches (3
+# rows in chunks of a step, 300 in two chunks); the fused cases ask for one chunk, one launch. A
+# grid capped at 7 blocks gives every block many rows or chunks to carry the ring across.
 RING = [("bfloat16", "backward", "naive", 0), ("float32", "backward", "naive", 0),
         ("float32", "forward", "fused", 1), ("float32", "backward", "fused", 1)]
 
 
+def carries(direction):
+    """Whether a backward stream of 512-thread blocks carries its ring here (policy.cuh's
+    stream_carry: the backward's rows; PYSOFTMAX_CARRY=0 turns it off)."""
+    return direction == "backward" and os.environ.get("PYSOFTMAX_CARRY") != "0"
+
+
 @pytest.mark.parametrize("dtype,direction,algo,chunks", RING)
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 9])
-@pytest.mark.parametrize("rows", [3, 300])
-def test_stream_ring(dtype, direction, algo, chunks, steps, rows):
+@pytest.mark.parametrize("rows,blocks", [(3, 0), (300, 0), (300, 7)])
+def test_stream_ring(dtype, direction, algo, chunks, steps, rows, blocks):
     g = rng()
     cols = steps * 8192 - 24
     kw = dict(chunks=chunks) if chunks else {}
+    if blocks:
+        kw["blocks"] = blocks
     plan = _ops.plan((rows, cols), dtype, direction=direction, algo=algo, **kw)
     what = f"{direction} {algo} {rows}x{cols} {dtype} {plan} seed={g.seed}"
     streamed = plan["family"] == "stream" and not plan["resident"]
@@ -322,10 +335,48 @@ def test_stream_ring(dtype, direction, algo, chunks, steps, rows):
     must_stream = (algo == "naive" and steps > 1) or 0 < optin <= 227 << 10 and (direction == "backward" and steps > 3 or steps > 7)
     assert streamed or not must_stream, what
     if streamed and grid_capable():  # staged: the ring's slots are the stage
-        chunk_steps = -(-plan["chunk_cols"] // 8192)  # the ring stays inside the chunk
+        carried = carries(direction) and plan["threads"] == 512
+        assert plan["carry"] == int(carried), what
+        free = _ops.plan((rows, cols), dtype, direction=direction, algo=algo, **dict(kw, blocks=0))
+        chunk_steps = -(-plan["chunk_cols"] // 8192)
+        walked = chunk_steps
+        if carried:  # a grid cap keeps the automatic grid's ring
+            walked *= -(-rows * plan["chunks"] // free["blocks"]) * (2 if plan["chunks"] == 1 else 1)
         deep = optin >= 160 << 10 and plan["threads"] == 512
-        assert min(2 if deep else 1, chunk_steps) <= plan["held"] <= max(chunk_steps, 1), what
-        assert plan["stage"] % plan["held"] == 0, what
+        assert min(2 if deep else 1, walked) <= plan["held"] <= min(8, walked), what
+        assert plan["held"] == free["held"] and plan["stage"] % plan["held"] == 0, what
+        assert not blocks or plan["blocks"] == blocks, what
     host = long_inputs(g, rows, cols, dtype, direction)
     dev = [to_device(a, dtype) for a in host]
     check_long(direction, algo, host, dev, poisoned((rows, cols), dtype), dtype, what, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_stream_ring_across_rows(dtype, steps):
+    """More rows than the automatic grid has blocks (32 an SM), so that every block walks several:
+    the carried ring holds steps of its row's second pass and of its next row in flight (on an
+    H200, 4 steps' slots for 16-bit rows of one 512-thread step). naive_backward; 97 distinct rows
+    repeated: each against float64, and every repeat the same bits as the row it repeats."""
+    g = rng()
+    base, cols = 97, steps * 8192 - 24
+    rows = 3 * 32 * cupy.cuda.Device().attributes["MultiProcessorCount"] + 5
+    plan = _ops.plan((rows, cols), dtype, direction="backward", algo="naive")
+    what = f"naive_backward {rows}x{cols} {dtype} {plan} seed={g.seed}"
+    assert plan["family"] == "stream" and not plan["resident"] and plan["blocks"] < rows, what
+    if grid_capable() and plan["threads"] == 512 and carries("backward"):
+        assert plan["carry"] == 1 and plan["held"] >= 2, what
+    y64, dy64 = long_inputs(g, base, cols, dtype, "backward")
+    reps = -(-rows // base)
+    word = cupy.uint16 if dtype == "bfloat16" else cupy.uint32
+
+    def repeated(a64):
+        a = to_device(a64, dtype)
+        return cupy.ascontiguousarray(cupy.tile(a.view(word), (reps, 1))[:rows]).view(a.dtype)
+
+    y, dy = repeated(y64), repeated(dy64)
+    out = cupy.full((rows, cols), 0x7FC0 if dtype == "bfloat16" else 0x7FC00000, word).view(y.dtype)  # NaN
+    dx = _ops.backward_impl(y, dy, algo=ALGOS["naive"], scale=0.7, out=out)
+    assert_grad_close(to_host64(dx[:base]), y64, dy64, 0.7, dtype, what)
+    bits = dx.view(word)
+    assert bool((bits[base:] == cupy.tile(bits[:base], (reps - 1, 1))[:rows - base]).all()), what

@@ -7,7 +7,7 @@ import cupy
 import numpy
 
 import pysoftmax
-from pysoftmax import _ops
+from pysoftmax import _lib, _ops
 
 cupy.cuda.set_allocator(None)  # one cudaMalloc per array: out-of-bounds accesses are visible
 rng = numpy.random.default_rng()
@@ -73,12 +73,19 @@ for cols in (384, 1280):  # 16-bit groups of several steps, warming the next (12
 x = arr((3, 70000))
 step("stream split", lambda: _ops.forward(x, family=3, chunks=5))
 step("stream split backward", lambda: _ops.backward_impl(x, x, family=3, chunks=5))
+# The backward's ring carried on from chunk to chunk of a block's walk: 2 blocks for the 15
+# chunks, both launches.
+step("stream split backward, 2 blocks", lambda: _ops.backward_impl(x, x, family=3, chunks=5, blocks=2))
 step("online one long row", lambda: pysoftmax.online(arr((1, 300000))))
 # Rows read twice through the stream's ring of steps in flight (4 steps of 8192 16-bit columns
 # on an H200, rows of 5 steps, the last partial, and more rows than blocks: one chunk a row).
 x = arr((600, 5 * 8192 - 24), "float16")
 plan = _ops.plan(x.shape, "float16", direction="backward", algo="naive")
 step(f"naive_backward ring (held={plan['held']} chunks={plan['chunks']})", lambda: pysoftmax.naive_backward(x, x))
+# The ring carried on from pass to pass and row to row: rows of one step (a ring of 2 on an H200:
+# a block of the automatic grid has one row, two passes), 3 blocks walking 40 rows.
+x = arr((40, 8192 - 24), "float16")
+step("naive_backward ring across rows, 3 blocks", lambda: _ops.backward_impl(x, x, algo=_lib.ALGO_NAIVE, blocks=3))
 s = arr((2, 3, 40, 40), "float16")
 keep = cupy.asarray(rng.random((2, 1, 1, 40)) > 0.3)
 step("fused mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep, causal=True))

@@ -1,10 +1,11 @@
 """The paths that read a row twice from global memory: naive_backward, online on rows too long for
 a cluster, and the stream with one chunk or a few requested (rows_stream not resident, its ring of
-steps in flight: docs/TUNING.md, "rows_stream ring"). One JSON line a case, % of the copy measured
-in the same run, timed by pysoftmax._bench.Timer (L2 flushed, the median), with the plan; the
-first argument labels the lines. Compare settings in turn, one process each:
+steps in flight, carried across passes and rows in the backward's 512-thread blocks:
+docs/TUNING.md, "rows_stream ring"). One JSON line a case (ONLY=kind: that kind's cases alone), %
+of the copy measured in the same run, timed by pysoftmax._bench.Timer (L2 flushed, the median),
+with the plan; the first argument labels the lines. Compare settings in turn, one process each:
 
-    PYSOFTMAX_STREAM_DEPTH=1 python3 tools/two_reads.py d1 > ring.jsonl; python3 tools/two_reads.py auto >> ring.jsonl
+    PYSOFTMAX_CARRY=0 python3 tools/two_reads.py pass > ring.jsonl; python3 tools/two_reads.py carry >> ring.jsonl
 """
 import json, os, sys
 
@@ -21,14 +22,22 @@ F32, BF = "float32", "bfloat16"
 cases = []
 for shape, dt in [((8192, 32768), F32), ((8192, 32768), BF), ((2048, 131072), F32), ((2048, 131072), BF),
                   ((256, 1048576), F32), ((64, 1048576), BF), ((16384, 16384), F32), ((32768, 8192), F32),
-                  ((32768, 4096), BF), ((65536, 2048), F32)]:
+                  ((32768, 4096), BF), ((65536, 2048), F32), ((32768, 8192), BF), ((16384, 16384), BF),
+                  ((8192, 24576), BF),
+                  # narrower blocks (rows of one step, 96-384 threads), whose ring is never carried
+                  ((13421, 5000), F32), ((16384, 4096), F32), ((87381, 1536), BF), ((26843, 5000), BF),
+                  ((21845, 6144), BF)]:
     cases.append(("naive_bwd", shape, dt, {}))
-for shape, dt in [((256, 1048576), F32), ((256, 1048576), BF), ((64, 1048576), F32), ((8, 4194304), F32), ((2048, 131072), F32)]:
+for shape, dt in [((256, 1048576), F32), ((256, 1048576), BF), ((64, 1048576), F32), ((8, 4194304), F32), ((2048, 131072), F32),
+                  ((8192, 32768), F32), ((8192, 32768), BF), ((16384, 16384), F32), ((32768, 8192), BF)]:
     cases.append(("online", shape, dt, {}))
 cases.append(("bwd", (8192, 32768), F32, dict(family=3, chunks=1)))
 cases.append(("bwd", (2048, 131072), BF, dict(family=3, chunks=1)))
 cases.append(("fwd", (2048, 131072), F32, dict(family=3, chunks=1)))
 cases.append(("fwd", (256, 1048576), F32, dict(family=3, chunks=4)))
+only = os.environ.get("ONLY")
+cases = [c for c in cases if not only or c[0] == only]
+cases.sort(key=lambda c: (c[1], c[2]))  # the inputs made once a shape
 last = None
 for kind, shape, dt, kw in cases:
     if (shape, dt) != last:
@@ -52,5 +61,5 @@ for kind, shape, dt, kw in cases:
         pct = round(100 * nb / timer(fn) / 1e6 / copy, 1)
     except Exception as e:
         pct = str(e)[:80]
-    plan = {k: pl[k] for k in ("family", "threads", "chunks", "cluster", "grid", "resident", "held", "stage")}
+    plan = {k: pl[k] for k in ("family", "threads", "chunks", "cluster", "grid", "resident", "held", "carry", "stage")}
     print(json.dumps(dict(label=label, kind=kind, shape=shape, dtype=dt, kw=kw, pct=pct, plan=plan)), flush=True)

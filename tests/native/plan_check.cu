@@ -128,10 +128,18 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               const int64_t slots = p.grid ? p.held + (p.held < chunk_steps ? 1 : 0) : p.resident ? chunk_steps : p.held;
               if (p.stage != step * slots)
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
+              // The ring walks a chunk's steps, or, carried (kCarry), a block's: its sets' passes, two
+              // a set in one launch, one in each of the split's.
+              const int64_t walked = p.carry ? (rows * p.chunks + p.blocks - 1) / p.blocks * chunk_steps * (p.chunks == 1 ? 2 : 1)
+                                             : chunk_steps;
+              if (p.carry && (p.resident || step == 0 || p.threads != kStreamThreads || !Op::kStreamCarry || !dev.carry))
+                report(op, "rows_stream carried ring where the kernel has none", family, pack, threads, cols, p);
+              if (!p.resident && step > 0 && p.threads == kStreamThreads && Op::kStreamCarry && dev.carry && !p.carry)
+                report(op, "rows_stream ring not carried where the op carries it", family, pack, threads, cols, p);
               if (!p.resident && step > 0 &&
-                  (p.held < 1 || p.held > dev.stream_depth || (p.held > 1 && (p.threads != kStreamThreads || p.held > chunk_steps))))
+                  (p.held < 1 || p.held > dev.stream_depth || (p.held > 1 && (p.threads != kStreamThreads || p.held > walked))))
                 report(op, "rows_stream ring of steps in flight out of range", family, pack, threads, cols, p);
-              if (!p.resident && step > 0 && p.held < dev.stream_depth && p.held < chunk_steps &&
+              if (!p.resident && step > 0 && p.held < dev.stream_depth && p.held < walked &&
                   p.threads == kStreamThreads && Op::kStreamMinBlocks == 1 && step * (p.held + 1) <= dev.stage_bytes)
                 report(op, "rows_stream ring shorter than one block's stage holds", family, pack, threads, cols, p);
               if (on_chip == kOffChip && p.resident)
