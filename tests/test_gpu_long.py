@@ -365,7 +365,11 @@ def test_stream_ring_across_rows(dtype, steps):
     what = f"naive_backward {rows}x{cols} {dtype} {plan} seed={g.seed}"
     assert plan["family"] == "stream" and not plan["resident"] and plan["blocks"] < rows, what
     if grid_capable() and plan["threads"] == 512 and carries("backward"):
-        assert plan["carry"] == 1 and plan["held"] >= 2, what
+        assert plan["carry"] == 1, what
+        # two steps' slots where a block's shared memory holds them (an H100/H200's 227 KiB)
+        optin = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+        if optin >= 160 << 10 and os.environ.get("PYSOFTMAX_STREAM_DEPTH") in (None, ""):
+            assert plan["held"] >= 2, what
     y64, dy64 = long_inputs(g, base, cols, dtype, "backward")
     reps = -(-rows // base)
     word = cupy.uint16 if dtype == "bfloat16" else cupy.uint32
