@@ -447,8 +447,9 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   // kStreamMinBlocks blocks the kernel's register cap runs at once, up to dev.stream_depth, and
   // no more than the steps the ring walks (slots past those would only take shared memory):
   // - carried (Op::kStreamCarry, rows_stream kCarry): the ring runs on along a block's passes and
-  //   rows (two passes a row in one launch, one in each of the split's), so it walks the block's
-  //   steps, and a chunk shorter than the ring fills it too;
+  //   rows (two passes a row in one launch, one in each of the split's), so it walks the steps of a
+  //   block of the automatic grid (a requested cap only lengthens a block's walk), and a chunk
+  //   shorter than the ring fills it too;
   // - else a ring a pass walks the chunk's steps (rings on chunks of one step measured slower).
   // Narrower blocks keep one step ahead: more of them run an SM than the cap says, and a ring's
   // shared memory and the carried ring's registers would cut their number (docs/TUNING.md,

@@ -270,7 +270,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kStep;
   constexpr int kSlots = stage_slots<Op>(Op::kStageStream, kPack, kUnroll, 1);
   const Stage stage = thread_stage<kSlots>();
-  static_assert(!kCarry || (kSlots > 0 && kShare == kShareNone), "the carried ring: staged rows, one block a row");
+  static_assert(!kCarry || (kSlots > 0 && kShare == kShareNone), "the carried ring: staged rows that are not shared at once");
   const bool resident = kSlots && !kCarry && phase == kStreamResident;
   // The thread's packs of the step at `base` of a chunk ending at `end`.
   auto span_at = [&](int64_t base, int64_t end) {
