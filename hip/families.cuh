@@ -333,7 +333,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   // of set ahead_b (row ahead_w, its chunk ending at ahead_end); ahead_b >= nblocks once the
   // sequence is done.
   const int depth = kCarry ? max(held, 1) : 1;
-  const int passes = phase == kStreamWhole ? 2 : 1;
+  const int passes = phase == kStreamStats || phase == kStreamApply ? 1 : 2;  // as the loop below makes them
   int slot = 0;  // kCarry: the slots of the step read next, from slot * kSlots
   int64_t ahead_b = blockIdx.x, ahead_base = 0, ahead_end = 0;
   int ahead_pass = 0;

@@ -22,10 +22,10 @@ static void report(const char* op, const char* what, int family, int pack, int t
                    const Plan& p) {
   if (violations++ < 20)
     printf("%s: %s (asked family=%d pack=%d threads=%d cols=%lld) -> family=%d threads=%d packs=%d group=%d "
-           "rows_per_group=%d chunks=%lld chunk_cols=%lld stage=%lld resident=%d\n",
+           "rows_per_group=%d chunks=%lld chunk_cols=%lld stage=%lld resident=%d blocks=%lld held=%d carry=%d\n",
            op, what, family, pack, threads, static_cast<long long>(cols), p.family, p.threads, p.packs, p.group,
            p.rows_per_group, static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols),
-           static_cast<long long>(p.stage), p.resident ? 1 : 0);
+           static_cast<long long>(p.stage), p.resident ? 1 : 0, static_cast<long long>(p.blocks), p.held, p.carry ? 1 : 0);
 }
 
 // An H200-like device of the given shared memory and cluster support.
@@ -247,6 +247,33 @@ template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int 
     }
 }
 
+// PYSOFTMAX_CARRY=0 (dev.carry false): no plan carries its ring, each ring within its chunk; the
+// carried plans differ from those only in the ring (carry, held, stage), not in their grid.
+template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  DeviceInfo on = described(stage_bytes, max_cluster), off = on;
+  off.carry = false;
+  for (int64_t cols = 8000; cols <= 1100000; cols += cols < 70000 ? 997 : 49999)
+    for (int64_t rows : {int64_t{3}, int64_t{1000}, int64_t{8192}})
+      for (int on_chip : {kOnGrid, kOffChip}) {
+        Plan a, b;
+        const bool ok_a = plan_rows<Op>(rows, cols, vec_pack<T>(), SOFTMAX_FAMILY_STREAM, 0, 0, on, &a, on_chip);
+        const bool ok_b = plan_rows<Op>(rows, cols, vec_pack<T>(), SOFTMAX_FAMILY_STREAM, 0, 0, off, &b, on_chip);
+        ++plans;
+        if (ok_a != ok_b) { report(op, "carry off plans where carry on does not, or the reverse", 3, vec_pack<T>(), 0, cols, b); continue; }
+        if (!ok_b) continue;
+        const int unroll = stream_unroll<Op, vec_pack<T>()>();
+        const int64_t chunk_steps = (b.chunk_cols + int64_t{b.threads} * vec_pack<T>() * unroll - 1) /
+                                    (int64_t{b.threads} * vec_pack<T>() * unroll);
+        if (b.carry || (!b.resident && b.held > std::max<int64_t>(1, chunk_steps)))
+          report(op, "carry off: a carried ring, or a ring past its chunk", 3, vec_pack<T>(), 0, cols, b);
+        if (a.family != b.family || a.threads != b.threads || a.blocks != b.blocks || a.chunks != b.chunks ||
+            a.chunk_cols != b.chunk_cols || a.resident != b.resident || a.grid != b.grid || a.cluster != b.cluster ||
+            (!a.carry && (a.held != b.held || a.stage != b.stage)))
+          report(op, "carry on changes more of a plan than its ring", 3, vec_pack<T>(), 0, cols, a);
+      }
+}
+
 template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
   char op[64];
   snprintf(op, sizeof op, "forward %s", name);
@@ -259,6 +286,7 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "backward %s", name);
   check<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  check_carry_off<BackwardOp<T>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling forward %s", name);
   check_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling forward+bool mask %s", name);
