@@ -332,9 +332,9 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   // the loop below reads them. `ahead_*`: the next step to copy, at ahead_base of pass ahead_pass
   // of set ahead_b (row ahead_w, its chunk ending at ahead_end); ahead_b >= nblocks once the
   // sequence is done.
-  const int depth = kCarry ? max(held, 1) : 1;
+  const int depth = kSlots ? max(held, 1) : 1;
   const int passes = phase == kStreamStats || phase == kStreamApply ? 1 : 2;  // as the loop below makes them
-  int slot = 0;  // kCarry: the slots of the step read next, from slot * kSlots
+  int slot = 0;  // the slots of the step read next, from slot * kSlots (kCarry: along the sequence)
   int64_t ahead_b = blockIdx.x, ahead_base = 0, ahead_end = 0;
   int ahead_pass = 0;
   typename Op::Row ahead_w{};
@@ -420,43 +420,35 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       }
       return;
     }
-    if constexpr (kCarry) {
-      // The carried ring (above): this step is the oldest of the `depth` in flight, and its slots
-      // take the step `depth` further along the block's sequence as soon as it is read.
-      for (int64_t base = begin; base < stop; base += stride) {
-        Item v[kStep];
-        const Stage st = stage.at(slot * kSlots);
-        copy_async_wait_group(depth - 1);
-        op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, &st);
-        copy_async_reuse_fence();
-        copy_ahead(st);
-        slot = slot + 1 == depth ? 0 : slot + 1;
-        use(span_at(base, end), v);
-      }
-      return;
-    }
-    // The ring of this pass: a group committed for every step (empty past the stop), so that
-    // waiting until ring - 1 groups are in flight means the oldest, this step's, has landed.
-    const int ring = kSlots ? max(held, 1) : 1;
-    if (kSlots) {
-      for (int k = 0; k < ring; ++k) {
-        const int64_t b = begin + k * stride;
-        if (b < stop) op.template prefetch<kPack, kUnroll>(w, span_at(b, end), true, stage.at(k * kSlots));
-        copy_async_commit();
+    // The ring: a group committed for every step (empty past the stop, or, carried, past the
+    // block's sequence), so that waiting until depth - 1 groups are in flight means the oldest,
+    // this step's, has landed. As soon as it is read its slots take the step `depth` further: along
+    // this pass, or, carried, along the block's sequence (copy_ahead, primed above).
+    if constexpr (!kCarry) {
+      slot = 0;
+      if (kSlots) {
+        for (int k = 0; k < depth; ++k) {
+          const int64_t b = begin + k * stride;
+          if (b < stop) op.template prefetch<kPack, kUnroll>(w, span_at(b, end), true, stage.at(k * kSlots));
+          copy_async_commit();
+        }
       }
     }
-    int at = 0;
     for (int64_t base = begin; base < stop; base += stride) {
       Item v[kStep];
-      const Stage st = stage.at(at * kSlots);
-      if (kSlots) copy_async_wait_group(ring - 1);
+      const Stage st = stage.at(slot * kSlots);
+      if (kSlots) copy_async_wait_group(depth - 1);
       op.template load<kPack, kUnroll>(w, span_at(base, end), true, v, kSlots ? &st : nullptr);
       if (kSlots) {
         copy_async_reuse_fence();
-        const int64_t ahead = base + ring * stride;
-        if (ahead < stop) op.template prefetch<kPack, kUnroll>(w, span_at(ahead, end), true, st);
-        copy_async_commit();
-        at = at + 1 == ring ? 0 : at + 1;
+        if constexpr (kCarry) {
+          copy_ahead(st);
+        } else {
+          const int64_t ahead = base + depth * stride;
+          if (ahead < stop) op.template prefetch<kPack, kUnroll>(w, span_at(ahead, end), true, st);
+          copy_async_commit();
+        }
+        slot = slot + 1 == depth ? 0 : slot + 1;
       }
       use(span_at(base, end), v);
     }
