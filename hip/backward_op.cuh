@@ -38,6 +38,7 @@ template <typename T> struct BackwardOp {
   static constexpr int kTileVecRegisters = kPolicy.tile_vec_registers;
   static constexpr int kTileBlocks = kPolicy.tile_blocks, kTileVecBlocks = kPolicy.tile_vec_blocks;
   static constexpr bool kStreamCarry = kPolicy.stream_carry;
+  static constexpr int kStreamCarryNarrowRegisters = kPolicy.stream_carry_narrow_registers;
 
   const T* y;
   const T* dy;

@@ -456,12 +456,21 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   // "rows_stream ring").
   if (!p.resident && p.stage > 0) {
     int64_t depth = 1;
+    const int64_t chunk_steps = ceil_div(p.chunk_cols, step * unroll);
     if (p.threads == kStreamThreads) {
       p.carry = Op::kStreamCarry && dev.carry;
-      const int64_t chunk_steps = ceil_div(p.chunk_cols, step * unroll);
       const int64_t walked = p.carry ? ceil_div(rows * p.chunks, p.blocks) * chunk_steps * (p.chunks == 1 ? 2 : 1) : chunk_steps;
       const int64_t fit = stage_per_block(dev, Op::kStreamMinBlocks) / p.stage;
       depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, walked}));
+    } else if (Op::kStreamCarryNarrowRegisters > 0 && dev.carry && p.chunks == 1 && chunk_steps == 1) {
+      // Narrower blocks on rows of one step, where their one-step walk keeps their blocks an SM
+      // (rows_stream kCarry 2): the ring, carried from pass to pass and row to row, as deep as the
+      // shared memory of those blocks holds.
+      p.carry = true;
+      const int64_t per_sm = std::min<int64_t>(kThreadsPerSm / p.threads,
+                                               kRegistersPerSm / (int64_t{p.threads} * Op::kStreamCarryNarrowRegisters));
+      const int64_t fit = stage_per_block(dev, std::max<int64_t>(1, per_sm)) / p.stage;
+      depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, ceil_div(rows, p.blocks) * 2}));
     }
     p.held = static_cast<int>(depth);
     p.stage *= depth;
@@ -820,8 +829,14 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
     return launch(kernel, "rows_stream (apply)", p, s, op, rows, p.chunks, p.chunk_cols, p.held, int{kStreamApply}, ws);
   };
   if (p.carry) {
-    if constexpr (kPack > 1 && Op::kStageStream && Op::kStreamCarry && kAsyncCopy)
-      if (!p.resident) return run(rows_stream<Op, kPack, kShareNone, kStraddle, true>);
+    if constexpr (kPack > 1 && Op::kStageStream && Op::kStreamCarry && kAsyncCopy) {
+      if constexpr (Op::kStreamCarryNarrowRegisters > 0)
+        if (!p.resident && p.threads < kStreamThreads && p.chunks == 1)
+          return run(rows_stream<Op, kPack, kShareNone, kStraddle, 2>);
+      if (p.threads < kStreamThreads)
+        return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a carried ring for narrower blocks that have none");
+      if (!p.resident) return run(rows_stream<Op, kPack, kShareNone, kStraddle, 1>);
+    }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a carried ring for rows that are not streamed through a stage");
   }
   return run(rows_stream<Op, kPack, kShareNone, kStraddle>);

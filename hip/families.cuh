@@ -242,6 +242,9 @@ void rows_block(const Op op, int64_t rows) {
 // the ring's position along the block's sequence (the next copy's set, pass, row and columns)
 // takes some 15-30 registers, which would cut the blocks an SM of the narrower streams and spill
 // the resident ones; a stream of kStreamThreads under a cap of one block an SM has room for them.
+// kCarry 2, the one-step walk: rows of one step, one launch (kStreamWhole), so that the block's
+// q-th step is the whole row of its set q / 2 and the position is one counter; narrower blocks
+// carry the ring this way where those registers keep their blocks an SM (policy.cuh).
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3 };
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2 };
@@ -255,7 +258,7 @@ template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, 
   return grid_partials_bytes<Stat>(groups, chunks) + groups * static_cast<int64_t>(sizeof(unsigned));
 }
 
-template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, bool kCarry = false>
+template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, int kCarry = 0>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
 void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int held, int phase,
                             typename Op::Stat* ws) {
@@ -359,17 +362,29 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   };
   // The next step's copies into the slots `st`, a group of their own (empty once the sequence is
   // done, so that every read commits one), and ahead_* moved on.
+  // kCarry == 2: one step a pass, two passes a set (kStreamWhole, rows of one step): the q-th
+  // step of the block's sequence is the whole row of set blockIdx.x + (q / 2) * gridDim.x.
+  int64_t ahead_q = 0;
   auto copy_ahead = [&](const Stage& st) {
-    if (ahead_b < nblocks) op.template prefetch<kPack, kUnroll>(ahead_w, span_at(ahead_base, ahead_end), true, st);
-    copy_async_commit();
-    ahead_base += stride;
-    settle_ahead();
+    if constexpr (kCarry == 2) {
+      const int64_t b = blockIdx.x + (ahead_q >> 1) * gridDim.x;
+      if (b < nblocks) op.template prefetch<kPack, kUnroll>(body(op.prefetch_row(b)), span_at(0, op.cols), true, st);
+      copy_async_commit();
+      ++ahead_q;
+    } else {
+      if (ahead_b < nblocks) op.template prefetch<kPack, kUnroll>(ahead_w, span_at(ahead_base, ahead_end), true, st);
+      copy_async_commit();
+      ahead_base += stride;
+      settle_ahead();
+    }
   };
-  if constexpr (kCarry) {
+  if constexpr (kCarry == 1) {
     if (ahead_b < nblocks) {
       ahead_from(true);
       settle_ahead();
     }
+    for (int k = 0; k < depth; ++k) copy_ahead(stage.at(k * kSlots));
+  } else if constexpr (kCarry == 2) {
     for (int k = 0; k < depth; ++k) copy_ahead(stage.at(k * kSlots));
   }
   // kShareGrid's streamed steps: base = from_base, from_base + dir * stride, ... while in [lo, hi)

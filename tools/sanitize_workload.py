@@ -86,6 +86,9 @@ step(f"naive_backward ring (held={plan['held']} chunks={plan['chunks']})", lambd
 # a block of the automatic grid has one row, two passes), 3 blocks walking 40 rows.
 x = arr((40, 8192 - 24), "float16")
 step("naive_backward ring across rows, 3 blocks", lambda: _ops.backward_impl(x, x, algo=_lib.ALGO_NAIVE, blocks=3))
+# float32 rows of one step of narrower blocks (320 threads), carried through the one-step walk.
+x = arr((40, 5000))
+step("naive_backward narrow ring across rows, 3 blocks", lambda: _ops.backward_impl(x, x, algo=_lib.ALGO_NAIVE, blocks=3))
 s = arr((2, 3, 40, 40), "float16")
 keep = cupy.asarray(rng.random((2, 1, 1, 40)) > 0.3)
 step("fused mask causal", lambda: pysoftmax.fused(s, scale=0.5, mask=keep, causal=True))

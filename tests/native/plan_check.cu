@@ -130,15 +130,26 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
               // The ring walks a chunk's steps, or, carried (kCarry), a block's: its sets' passes, two
               // a set in one launch, one in each of the split's.
+              // Narrower blocks carry it on rows of one step alone (the one-step walk, kCarry 2).
               const int64_t walked = p.carry ? (rows * p.chunks + p.blocks - 1) / p.blocks * chunk_steps * (p.chunks == 1 ? 2 : 1)
                                              : chunk_steps;
-              if (p.carry && (p.resident || step == 0 || p.threads != kStreamThreads || !Op::kStreamCarry || !dev.carry))
+              const bool narrow_carries = Op::kStreamCarryNarrowRegisters > 0 && p.chunks == 1 && chunk_steps == 1;
+              const bool carries = p.threads == kStreamThreads ? Op::kStreamCarry : narrow_carries;
+              if (p.carry && (p.resident || step == 0 || !carries || !dev.carry))
                 report(op, "rows_stream carried ring where the kernel has none", family, pack, threads, cols, p);
-              if (!p.resident && step > 0 && p.threads == kStreamThreads && Op::kStreamCarry && dev.carry && !p.carry)
+              if (!p.resident && step > 0 && carries && dev.carry && !p.carry)
                 report(op, "rows_stream ring not carried where the op carries it", family, pack, threads, cols, p);
               if (!p.resident && step > 0 &&
-                  (p.held < 1 || p.held > dev.stream_depth || (p.held > 1 && (p.threads != kStreamThreads || p.held > walked))))
+                  (p.held < 1 || p.held > dev.stream_depth ||
+                   (p.held > 1 && ((p.threads != kStreamThreads && !p.carry) || p.held > walked))))
                 report(op, "rows_stream ring of steps in flight out of range", family, pack, threads, cols, p);
+              // A narrower carried ring's slots fit the shared memory of the blocks an SM its registers run.
+              if (p.carry && p.threads != kStreamThreads && Op::kStreamCarryNarrowRegisters > 0) {
+                const int64_t per_sm = std::min<int64_t>(kThreadsPerSm / p.threads,
+                                                         kRegistersPerSm / (int64_t{p.threads} * Op::kStreamCarryNarrowRegisters));
+                if (per_sm < 1 || (p.held > 1 && p.stage > stage_per_block(dev, per_sm)))
+                  report(op, "rows_stream narrower carried ring past its blocks' shared memory", family, pack, threads, cols, p);
+              }
               if (!p.resident && step > 0 && p.held < dev.stream_depth && p.held < walked &&
                   p.threads == kStreamThreads && Op::kStreamMinBlocks == 1 && step * (p.held + 1) <= dev.stage_bytes)
                 report(op, "rows_stream ring shorter than one block's stage holds", family, pack, threads, cols, p);
