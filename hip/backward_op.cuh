@@ -39,6 +39,7 @@ template <typename T> struct BackwardOp {
   static constexpr int kTileBlocks = kPolicy.tile_blocks, kTileVecBlocks = kPolicy.tile_vec_blocks;
   static constexpr bool kStreamCarry = kPolicy.stream_carry;
   static constexpr int kStreamCarryNarrowRegisters = kPolicy.stream_carry_narrow_registers;
+  static_assert(!kStreamCarryNarrowRegisters || (kStreamCarry && kStageStream), "narrower blocks carry only a staged, carried stream");
 
   const T* y;
   const T* dy;

@@ -118,9 +118,9 @@ constexpr int kPassesAhead = 1;
 // clusters and a size that does not divide its SMs leaves some idle (docs/TUNING.md,
 // "plan_stream_at: clusters").
 constexpr int kClusterFill = 90;
-// The most steps a stream of full-width blocks that does not hold its rows keeps in flight (its
-// ring of steps' slots, rows_stream): as many as the SM's shared memory holds for the blocks its
-// register cap runs at once, up to this (docs/TUNING.md, "rows_stream ring").
+// The most steps a stream that does not hold its rows keeps in flight (its ring of steps' slots,
+// rows_stream): as many as the SM's shared memory holds for the blocks its registers run at
+// once, up to this (docs/TUNING.md, "rows_stream ring").
 constexpr int kStreamDepth = 4;
 // The most PYSOFTMAX_STREAM_DEPTH asks for: copy_async_wait_group waits for exactly the oldest
 // group with up to 7 others in flight (past that it waits for more than it needs).
@@ -451,8 +451,9 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
   //   block of the automatic grid (a requested cap only lengthens a block's walk), and a chunk
   //   shorter than the ring fills it too;
   // - else a ring a pass walks the chunk's steps (rings on chunks of one step measured slower).
-  // Narrower blocks keep one step ahead: more of them run an SM than the cap says, and a ring's
-  // shared memory and the carried ring's registers would cut their number (docs/TUNING.md,
+  // Narrower blocks keep one step ahead (more of them run an SM than the cap says, and a ring's
+  // shared memory and the carried ring's registers would cut their number), except on rows of
+  // one step where the op's one-step walk keeps their blocks an SM (below; docs/TUNING.md,
   // "rows_stream ring").
   if (!p.resident && p.stage > 0) {
     int64_t depth = 1;
@@ -462,7 +463,7 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
       const int64_t walked = p.carry ? ceil_div(rows * p.chunks, p.blocks) * chunk_steps * (p.chunks == 1 ? 2 : 1) : chunk_steps;
       const int64_t fit = stage_per_block(dev, Op::kStreamMinBlocks) / p.stage;
       depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, walked}));
-    } else if (Op::kStreamCarryNarrowRegisters > 0 && dev.carry && p.chunks == 1 && chunk_steps == 1) {
+    } else if (Op::kStreamCarry && Op::kStreamCarryNarrowRegisters > 0 && dev.carry && p.chunks == 1 && chunk_steps == 1) {
       // Narrower blocks on rows of one step, where their one-step walk keeps their blocks an SM
       // (rows_stream kCarry 2): the ring, carried from pass to pass and row to row, as deep as the
       // shared memory of those blocks holds.
@@ -830,8 +831,10 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
   };
   if (p.carry) {
     if constexpr (kPack > 1 && Op::kStageStream && Op::kStreamCarry && kAsyncCopy) {
-      if constexpr (Op::kStreamCarryNarrowRegisters > 0)
-        if (!p.resident && p.threads < kStreamThreads && p.chunks == 1)
+      // The one-step walk: rows of one step (chunk_cols within a block's step), one launch.
+      constexpr int64_t kStepPacks = stream_unroll<Op, kPack>();
+      if constexpr (Op::kStreamCarryNarrowRegisters > 0 && !kStraddle)
+        if (!p.resident && p.threads < kStreamThreads && p.chunks == 1 && p.chunk_cols <= p.threads * kPack * kStepPacks)
           return run(rows_stream<Op, kPack, kShareNone, kStraddle, 2>);
       if (p.threads < kStreamThreads)
         return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a carried ring for narrower blocks that have none");
@@ -949,6 +952,11 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
   Plan p;
   if (!plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip)) return false;
   p.straddle = true;
+  if (p.carry && p.threads < kStreamThreads) {  // the one-step walk has no straddling kernel: one step ahead
+    p.stage /= p.held;
+    p.held = 1;
+    p.carry = false;
+  }
   *plan = p;
   *body_cols = body;
   return true;

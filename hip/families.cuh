@@ -362,7 +362,9 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   };
   // The next step's copies into the slots `st`, a group of their own (empty once the sequence is
   // done, so that every read commits one), and ahead_* moved on.
-  // kCarry == 2: one step a pass, two passes a set (kStreamWhole, rows of one step): the q-th
+  static_assert(kCarry != 2 || !kStraddle, "the one-step walk: straight rows");
+  // kCarry == 2: one step a pass, two passes a set (kStreamWhole, rows of one step, an op whose
+  // live_end is its cols, as the backward's; launch_stream checks the rest): the q-th
   // step of the block's sequence is the whole row of set blockIdx.x + (q / 2) * gridDim.x.
   int64_t ahead_q = 0;
   auto copy_ahead = [&](const Stage& st) {

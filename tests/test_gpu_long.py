@@ -14,7 +14,7 @@ Rows that are streamed from global memory (naive_backward's, and the stream with
 requested) keep several steps in flight through a ring of steps' slots (`held` in a plan). The
 forward's ring walks a pass, never more than a chunk's steps; the backward's 512-thread blocks
 carry theirs on from pass to pass and row to row (`carry` in a plan), never more than a block's
-steps. test_stream_ring covers chunks shorter than the ring, as long and longer, one launch and
+steps, and so do its narrower float32 and float64 blocks on rows of one step. test_stream_ring covers chunks shorter than the ring, as long and longer, one launch and
 two, grids capped at a few blocks; test_stream_ring_across_rows more rows than the grid has blocks.
 """
 
@@ -313,7 +313,8 @@ RING = [("bfloat16", "backward", "naive", 0), ("float32", "backward", "naive", 0
 
 def carries(direction):
     """Whether a backward stream of 512-thread blocks carries its ring here (policy.cuh's
-    stream_carry: the backward's rows; PYSOFTMAX_CARRY=0 turns it off)."""
+    stream_carry: the backward's rows; PYSOFTMAX_CARRY=0 turns it off). Narrower blocks carry it
+    on rows of one step in float32 and float64 (stream_carry_narrow_registers)."""
     return direction == "backward" and os.environ.get("PYSOFTMAX_CARRY") != "0"
 
 
@@ -355,7 +356,7 @@ def test_stream_ring(dtype, direction, algo, chunks, steps, rows, blocks):
 # blocks (5000 columns: 320 threads, 1536: 96), which carry their ring through the one-step walk
 # (policy.cuh, stream_carry_narrow_registers); 16-bit narrower blocks do not carry it.
 ACROSS = [("bfloat16", 8168), ("bfloat16", 24552), ("float32", 8168), ("float32", 24552), ("float32", 5000),
-          ("float32", 1536), ("bfloat16", 5000)]
+          ("float32", 1536), ("float64", 2500), ("bfloat16", 5000)]
 
 
 @pytest.mark.parametrize("dtype,cols", ACROSS)
@@ -371,9 +372,9 @@ def test_stream_ring_across_rows(dtype, cols):
     what = f"naive_backward {rows}x{cols} {dtype} {plan} seed={g.seed}"
     assert plan["family"] == "stream" and not plan["resident"] and plan["blocks"] < rows, what
     if grid_capable() and carries("backward"):
-        narrow_carries = dtype == "float32" and plan["chunks"] == 1
+        narrow_carries = dtype in ("float32", "float64") and plan["chunks"] == 1
         assert plan["carry"] == int(plan["threads"] == 512 or narrow_carries), what
-    if grid_capable() and plan["threads"] == 512 and carries("backward"):
+    if grid_capable() and plan["carry"]:
         # two steps' slots where a block's shared memory holds them (an H100/H200's 227 KiB)
         optin = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
         if optin >= 160 << 10 and os.environ.get("PYSOFTMAX_STREAM_DEPTH") in (None, ""):

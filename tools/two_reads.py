@@ -1,6 +1,7 @@
 """The paths that read a row twice from global memory: naive_backward, online on rows too long for
 a cluster, and the stream with one chunk or a few requested (rows_stream not resident, its ring of
-steps in flight, carried across passes and rows in the backward's 512-thread blocks:
+steps in flight, carried across passes and rows in the backward's 512-thread blocks and its
+narrower float32 and float64 ones:
 docs/TUNING.md, "rows_stream ring"). One JSON line a case (ONLY=kind: that kind's cases alone), %
 of the copy measured in the same run, timed by pysoftmax._bench.Timer (L2 flushed, the median),
 with the plan; the first argument labels the lines. Compare settings in turn, one process each:
@@ -26,7 +27,8 @@ for shape, dt in [((8192, 32768), F32), ((8192, 32768), BF), ((2048, 131072), F3
                   ((8192, 24576), BF),
                   # narrower blocks (rows of one step, 96-384 threads): float32's carry the ring (the one-step walk)
                   ((13421, 5000), F32), ((16384, 4096), F32), ((87381, 1536), BF), ((26843, 5000), BF),
-                  ((21845, 6144), BF), ((10922, 6144), F32), ((22369, 3000), F32), ((43690, 1536), F32)]:
+                  ((21845, 6144), BF), ((10922, 6144), F32), ((22369, 3000), F32), ((43690, 1536), F32),
+                  ((13421, 2500), "float64"), ((65536, 1024), "float64")]:
     cases.append(("naive_bwd", shape, dt, {}))
 for shape, dt in [((256, 1048576), F32), ((256, 1048576), BF), ((64, 1048576), F32), ((8, 4194304), F32), ((2048, 131072), F32),
                   ((8192, 32768), F32), ((8192, 32768), BF), ((16384, 16384), F32), ((32768, 8192), BF)]:

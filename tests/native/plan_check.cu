@@ -133,7 +133,8 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               // Narrower blocks carry it on rows of one step alone (the one-step walk, kCarry 2).
               const int64_t walked = p.carry ? (rows * p.chunks + p.blocks - 1) / p.blocks * chunk_steps * (p.chunks == 1 ? 2 : 1)
                                              : chunk_steps;
-              const bool narrow_carries = Op::kStreamCarryNarrowRegisters > 0 && p.chunks == 1 && chunk_steps == 1;
+              const bool narrow_carries = Op::kStreamCarry && Op::kStreamCarryNarrowRegisters > 0 && p.chunks == 1 &&
+                                          chunk_steps == 1 && !p.straddle;
               const bool carries = p.threads == kStreamThreads ? Op::kStreamCarry : narrow_carries;
               if (p.carry && (p.resident || step == 0 || !carries || !dev.carry))
                 report(op, "rows_stream carried ring where the kernel has none", family, pack, threads, cols, p);
@@ -264,7 +265,7 @@ template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes,
   using T = typename Op::Storage;
   DeviceInfo on = described(stage_bytes, max_cluster), off = on;
   off.carry = false;
-  for (int64_t cols = 8000; cols <= 1100000; cols += cols < 70000 ? 997 : 49999)
+  for (int64_t cols = 1000; cols <= 1100000; cols += cols < 70000 ? 997 : 49999)
     for (int64_t rows : {int64_t{3}, int64_t{1000}, int64_t{8192}})
       for (int on_chip : {kOnGrid, kOffChip}) {
         Plan a, b;
