@@ -381,14 +381,15 @@ def test_stream_ring_across_rows(dtype, cols):
             assert plan["held"] >= 2, what
     y64, dy64 = long_inputs(g, base, cols, dtype, "backward")
     reps = -(-rows // base)
-    word = cupy.uint16 if dtype == "bfloat16" else cupy.uint32
+    word = {"bfloat16": cupy.uint16, "float32": cupy.uint32, "float64": cupy.uint64}[dtype]
+    nan = {"bfloat16": 0x7FC0, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}[dtype]
 
     def repeated(a64):
         a = to_device(a64, dtype)
         return cupy.ascontiguousarray(cupy.tile(a.view(word), (reps, 1))[:rows]).view(a.dtype)
 
     y, dy = repeated(y64), repeated(dy64)
-    out = cupy.full((rows, cols), 0x7FC0 if dtype == "bfloat16" else 0x7FC00000, word).view(y.dtype)  # NaN
+    out = cupy.full((rows, cols), nan, word).view(y.dtype)
     dx = _ops.backward_impl(y, dy, algo=ALGOS["naive"], scale=0.7, out=out)
     assert_grad_close(to_host64(dx[:base]), y64, dy64, 0.7, dtype, what)
     bits = dx.view(word)
