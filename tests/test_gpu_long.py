@@ -14,8 +14,9 @@ Rows that are streamed from global memory (naive_backward's, and the stream with
 requested) keep several steps in flight through a ring of steps' slots (`held` in a plan). The
 forward's ring walks a pass, never more than a chunk's steps; the backward's 512-thread blocks
 carry theirs on from pass to pass and row to row (`carry` in a plan), never more than a block's
-steps, and so do its narrower float32 and float64 blocks on rows of one step. test_stream_ring covers chunks shorter than the ring, as long and longer, one launch and
-two, grids capped at a few blocks; test_stream_ring_across_rows more rows than the grid has blocks.
+steps, and so do its narrower float32 and float64 blocks on rows of one step. test_stream_ring
+covers chunks shorter than the ring, as long and longer, one launch and two, grids capped at a few
+blocks; test_stream_ring_across_rows more rows than the grid has blocks.
 """
 
 import os
@@ -352,8 +353,9 @@ def test_stream_ring(dtype, direction, algo, chunks, steps, rows, blocks):
     check_long(direction, algo, host, dev, poisoned((rows, cols), dtype), dtype, what, **kw)
 
 
-# (dtype, cols): rows of one and three 512-thread steps, and float32 rows of one step of narrower
-# blocks (5000 columns: 320 threads, 1536: 96), which carry their ring through the one-step walk
+# (dtype, cols): rows of one and three 512-thread steps, and float32 and float64 rows of one step of
+# narrower blocks (float32 5000 columns: 320 threads, 1536: 96; float64 2500: 320), which carry their
+# ring through the one-step walk
 # (policy.cuh, stream_carry_narrow_registers); 16-bit narrower blocks do not carry it.
 ACROSS = [("bfloat16", 8168), ("bfloat16", 24552), ("float32", 8168), ("float32", 24552), ("float32", 5000),
           ("float32", 1536), ("float64", 2500), ("bfloat16", 5000)]
