@@ -128,6 +128,9 @@ constexpr int kMaxStreamDepth = 8;
 // plan_grid's cost of a streamed step past a step held, in steps: a whole step, since the streamed
 // steps go one at a time, each read twice, and hide neither read (docs/TUNING.md, "plan_grid").
 constexpr double kGridReread = 1.0;
+// Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
+// 2, every dtype's (docs/TUNING.md, "plan_straddling").
+constexpr int kStraddleBlock = 1;
 
 struct DeviceInfo {
   int sms = 0, warp = 0;
@@ -139,6 +142,7 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
   bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
+  int straddle_block = kStraddleBlock;   // rows_block straddles 16-bit rows (1), every dtype's (2), none (0) (PYSOFTMAX_STRADDLE_BLOCK)
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
@@ -222,6 +226,9 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_STRADDLE, read once a device: "0" no row straddles (tuning and measurement;
   // docs/TUNING.md, "plan_straddling").
   if (const char* sd = getenv("PYSOFTMAX_STRADDLE")) info.straddle = !(sd[0] == '0' && !sd[1]);
+  // PYSOFTMAX_STRADDLE_BLOCK, read once a device: which rows rows_block straddles, as
+  // DeviceInfo::straddle_block (measurement; docs/TUNING.md, "plan_straddling").
+  if (const char* sb = getenv("PYSOFTMAX_STRADDLE_BLOCK")) info.straddle_block = atoi(sb);
   // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
   // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
   // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
@@ -334,6 +341,11 @@ inline int64_t stage_per_block(const DeviceInfo& dev, int64_t blocks) {
 // The blocks an SM's shared memory holds at once when each stages `stage` bytes.
 inline int64_t blocks_by_shared(const DeviceInfo& dev, int64_t stage) {
   return sm_shared_bytes(dev) / (stage + kStaticSharedBytes + kSharedReservedPerBlock);
+}
+// The blocks of `threads` threads an SM runs at once by its threads and, at `registers` a thread,
+// its register file.
+inline int64_t blocks_by_registers(int threads, int registers) {
+  return std::min<int64_t>(kThreadsPerSm / threads, kRegistersPerSm / (int64_t{threads} * registers));
 }
 template <typename Op>
 bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, const DeviceInfo& dev, Plan* out) {
@@ -468,8 +480,7 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
       // (rows_stream kCarry 2): the ring, carried from pass to pass and row to row, as deep as the
       // shared memory of those blocks holds.
       p.carry = true;
-      const int64_t per_sm = std::min<int64_t>(kThreadsPerSm / p.threads,
-                                               kRegistersPerSm / (int64_t{p.threads} * Op::kStreamCarryNarrowRegisters));
+      const int64_t per_sm = blocks_by_registers(p.threads, Op::kStreamCarryNarrowRegisters);
       const int64_t fit = stage_per_block(dev, std::max<int64_t>(1, per_sm)) / p.stage;
       depth = std::max<int64_t>(1, std::min({int64_t{dev.stream_depth}, fit, ceil_div(rows, p.blocks) * 2}));
     }
@@ -487,8 +498,7 @@ bool plan_stream_at(int64_t rows, int64_t cols, int pack, int64_t chunks, int th
 template <typename Op> int64_t resident_bytes_per_sm(const Plan& p, const DeviceInfo& dev) {
   const int64_t by_shared = blocks_by_shared(dev, p.stage);
   constexpr int kCap = kRegistersPerSm / (kStreamThreads * Op::kStreamMinBlocks);
-  const int64_t by_registers = kRegistersPerSm / (int64_t{p.threads} * kCap);
-  return std::min({by_shared, by_registers, int64_t{kThreadsPerSm} / p.threads}) * p.stage;
+  return std::min(by_shared, blocks_by_registers(p.threads, kCap)) * p.stage;
 }
 
 template <typename Op>
@@ -859,6 +869,13 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
         return launch_warp_group<Op, kPack, decltype(k)::value>(op, rows, p, s);
       });
     case SOFTMAX_FAMILY_BLOCK:
+      if constexpr (kPack > 1 && Op::kStraddles) {
+        if (p.straddle)
+          return by_packs<Op, kPack, 2, kMaxPacks>(p.packs, [&](auto k) {
+            return launch(rows_block<Op, kPack, decltype(k)::value, true>, "rows_block", p, s, op, rows);
+          });
+      }
+      if (p.straddle) return fail(SOFTMAX_ERROR_INTERNAL, "rows_block: a straddling plan for rows that cannot straddle");
       return by_packs<Op, kPack, (kPack > 1 ? 2 : 8), kMaxPacks>(p.packs, [&](auto k) {
         return launch(rows_block<Op, kPack, decltype(k)::value>, "rows_block", p, s, op, rows);
       });
@@ -930,33 +947,51 @@ inline bool dense_rows(const softmax_problem_t& p, bool with_dy) {
   return p.rows == 1 || (p.x_row_stride == p.cols && p.out_row_stride == p.cols && dy);
 }
 
-// Straddling rows: where the element-wise plan `plan` streams rows that may straddle
-// (same_pack_offsets), the stream of their aligned bodies, cols - (pack - 1) columns of vector
-// packs, staged and held on chip as aligned rows are (`on_chip`, as the caller's plan), replaces
-// it; rows_stream adds the pack - 1 columns around each body one element a thread. *body_cols
-// is then the bodies' length, which the op's cols must be. Rows that a register family holds keep
-// the element-wise plan, and so do the wider rows of a stream that holds nothing on chip
-// (naive_backward, kOffChip): 4-byte elements read one by one coalesce nearly as well, and there
-// the staged steps, read twice, were slower; 16-bit rows gained (docs/TUNING.md, "plan_straddling").
-// A requested register family (`family`) is a request for its kernels: such rows keep them.
+// Straddling rows: where an element-wise plan `plan` would read rows that may straddle
+// (same_pack_offsets), a plan for their aligned bodies, cols - (pack - 1) columns of vector packs,
+// replaces it; the kernel adds the pack - 1 columns around each body one element a thread.
+// *body_cols is then the bodies' length, which the op's cols must be.
+// - Rows that the fused algorithm's automatic plan (`fused`) holds in registers take
+//   rows_block<kStraddle> where an aligned row of the body's length takes rows_block, or rows_warp
+//   a warp a row (a block of its own each then): 16-bit rows, and wider ones where
+//   dev.straddle_block says so. Where the body took rows_warp in narrower groups (rows_tile takes
+//   the shortest), and where a family, a chunk count or a block size is requested, the caller's
+//   kernels stay. float32 rows read one by one coalesce nearly as well, and the backward's lost
+//   (docs/TUNING.md, "plan_straddling").
+// - Rows that the element-wise plan streams take the stream of their bodies, staged and held on
+//   chip as aligned rows are (`on_chip`, as the caller's plan); it measured faster than
+//   rows_block on 16-bit rows past a block's element-wise reach. The stream that holds nothing on
+//   chip (naive_backward, kOffChip) straddles 16-bit rows only: 4-byte elements read one by one
+//   coalesce nearly as well, and there the staged steps, read twice, were slower.
 // False: `plan` stands.
 template <typename Op>
-bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int threads, int on_chip,
+bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int threads, int on_chip, bool fused,
                      bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
-  constexpr int kVec = vec_pack<typename Op::Storage>();
-  if (!Op::kStraddles || !may_straddle || !dev.straddle || plan->family != SOFTMAX_FAMILY_STREAM ||
-      (family != SOFTMAX_FAMILY_AUTO && family != SOFTMAX_FAMILY_STREAM) ||
-      (on_chip == kOffChip && sizeof(typename Op::Storage) != 2) || plan->pack != 1 || cols < 2 * kVec)
-    return false;
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  if (!Op::kStraddles || !may_straddle || !dev.straddle || plan->pack != 1 || cols < 2 * kVec) return false;
   const int64_t body = cols - (kVec - 1);
   Plan p;
-  if (!plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip)) return false;
-  p.straddle = true;
-  if (p.carry && p.threads < kStreamThreads) {  // the one-step walk has no straddling kernel: one step ahead
-    p.stage /= p.held;
-    p.held = 1;
-    p.carry = false;
+  const bool held = plan->family == SOFTMAX_FAMILY_WARP || plan->family == SOFTMAX_FAMILY_BLOCK;
+  const bool block_rule = sizeof(T) == 2 ? dev.straddle_block > 0 : dev.straddle_block > 1;
+  if (fused && held && block_rule && family == SOFTMAX_FAMILY_AUTO && !chunks && !threads &&
+      plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p, on_chip) &&
+      (p.family == SOFTMAX_FAMILY_BLOCK ||
+       (p.family == SOFTMAX_FAMILY_WARP && p.group == kMaxGroup && p.rows_per_group == 1 &&
+        plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &p, on_chip)))) {
+    // rows_block<kStraddle>
+  } else if (plan->family == SOFTMAX_FAMILY_STREAM && (family == SOFTMAX_FAMILY_AUTO || family == SOFTMAX_FAMILY_STREAM) &&
+             (on_chip != kOffChip || sizeof(T) == 2)) {
+    if (!plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip)) return false;
+    if (p.carry && p.threads < kStreamThreads) {  // the one-step walk has no straddling kernel: one step ahead
+      p.stage /= p.held;
+      p.held = 1;
+      p.carry = false;
+    }
+  } else {
+    return false;
   }
+  p.straddle = true;
   *plan = p;
   *body_cols = body;
   return true;

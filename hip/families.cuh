@@ -177,29 +177,52 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
 
 // ---------------------------------------------------------------------------------------------
 // rows_block: one row per block at a time, held in the registers of all its threads.
+// kStraddle: rows that start off the pack boundary, each array's at the same offset (a contiguous
+// array of an odd width; plan_straddling). op.cols is the row's body, cols - (kPack - 1) columns
+// from its first boundary, held as an aligned row of that length; threads 0..kPack-2 take one
+// column outside the body each (outside_column) as one more item of their row, so that the row's
+// reduction and its results count them with the rest. A kernel of its own, as rows_stream's.
 
-template <typename Op, int kPack, int kPacks>
+template <typename Op, int kPack, int kPacks, bool kStraddle = false>
 __global__ __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlockMaxThreads))
 void rows_block(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   using C = typename Op::C;
+  using Row = typename Op::Row;
   constexpr int kItems = kPack * kPacks;
+  static_assert(!kStraddle || kPack > 1, "rows_block: straddling rows are read in vector packs");
   __shared__ C scratch[kMaxWarpsPerBlock];
   const Span span{0, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), op.cols};
   constexpr int kSlots = stage_slots<Op>(Op::kStageBlock, kPack, kPacks, 1);
   const Stage stage = thread_stage<kSlots>();
-  if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(op.prefetch_row(blockIdx.x), span, true, stage);
+  // kStraddle: the row's body, and its head (the elements before the body) in *head.
+  auto body = [&](const Row& w, int* head) {
+    if constexpr (kStraddle) return op.shift(w, *head = op.head(w));
+    else return w;
+  };
+  const bool outside = kStraddle && threadIdx.x < kPack - 1;  // this thread adds a column outside the body
+  int head = 0;
+  if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(body(op.prefetch_row(blockIdx.x), &head), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    Item v[kItems];
+    Item v[kItems + (kStraddle ? 1 : 0)];  // kStraddle: v[kItems] is the column outside the body (a pad elsewhere)
+    const Row w = body(op.row(r), &head);
+    if constexpr (kStraddle) op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), outside, v + kItems);
     if (kSlots) copy_async_wait();
-    op.template load<kPack, kPacks, true>(op.row(r), span, true, v, kSlots ? &stage : nullptr);
+    op.template load<kPack, kPacks, true>(w, span, true, v, kSlots ? &stage : nullptr);
     if (kSlots) {
       copy_async_reuse_fence();
-      if (r + gridDim.x < rows)
-        op.template prefetch<kPack, kPacks>(op.prefetch_row(r + gridDim.x), span, true, stage);
+      if (r + gridDim.x < rows) {
+        int next_head = 0;
+        op.template prefetch<kPack, kPacks>(body(op.prefetch_row(r + gridDim.x), &next_head), span, true, stage);
+      }
     }
-    op.template finish<kItems>(v, BlockReduce<C>{scratch});
-    op.template store<kPack, kPacks>(op.row(r), span, v);
+    op.template finish<kItems + (kStraddle ? 1 : 0)>(v, BlockReduce<C>{scratch});
+    if constexpr (kStraddle) {
+      op.template store<kPack, kPacks>(w, span, v);
+      if (outside) op.template store<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), v + kItems);
+    } else {
+      op.template store<kPack, kPacks>(op.row(r), span, v);
+    }
   }
 }
 

@@ -184,3 +184,13 @@ for dtype in ("float32", "float16"):
         step(f"straddling online {shape} {dtype}", lambda: pysoftmax.online(x))
         step(f"straddling split {shape} {dtype}", lambda: _ops.forward(x, chunks=3))
         del x
+    # Straddling rows a block holds (rows_block kStraddle, 16-bit by default): the automatic grid
+    # and three blocks walking the rows, each row its own head.
+    for shape in ((67, 4097), (5, 1033)):
+        x = arr(shape, dtype)
+        plan = _ops.plan(x.shape, dtype)
+        step(f"block straddling {shape} {dtype} (family={plan['family']} straddle={plan['straddle']})",
+             lambda: _ops.forward(x))
+        step(f"block straddling walk {shape} {dtype}", lambda: _ops.forward(x, blocks=3))
+        step(f"block straddling backward {shape} {dtype}", lambda: _ops.backward_impl(x, x, blocks=3))
+        del x

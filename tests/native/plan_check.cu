@@ -146,8 +146,7 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
                 report(op, "rows_stream ring of steps in flight out of range", family, pack, threads, cols, p);
               // A narrower carried ring's slots fit the shared memory of the blocks an SM its registers run.
               if (p.carry && p.threads != kStreamThreads && Op::kStreamCarryNarrowRegisters > 0) {
-                const int64_t per_sm = std::min<int64_t>(kThreadsPerSm / p.threads,
-                                                         kRegistersPerSm / (int64_t{p.threads} * Op::kStreamCarryNarrowRegisters));
+                const int64_t per_sm = blocks_by_registers(p.threads, Op::kStreamCarryNarrowRegisters);
                 if (per_sm < 1 || (p.held > 1 && p.stage > stage_per_block(dev, per_sm)))
                   report(op, "rows_stream narrower carried ring past its blocks' shared memory", family, pack, threads, cols, p);
               }
@@ -171,39 +170,62 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
         }
 }
 
-// plan_straddling over the element-wise plans of the stream's users (fused's automatic plan,
-// online's and naive_backward's streams): it takes exactly the streamed rows of unmasked ops,
-// naive_backward's (kOffChip) in 16-bit only, and gives a vector stream that covers the body.
+// plan_straddling over the element-wise plans of the fused algorithm (plan_rows' automatic plan)
+// and of the streams of online and naive_backward: it takes the streamed rows of unmasked ops,
+// naive_backward's (kOffChip) in 16-bit only, and gives a vector stream that covers the body; and
+// the fused rows held in registers whose body an aligned row's plan puts in rows_block (or in
+// rows_warp a warp a row, then forced into rows_block), 16-bit ones by default and every dtype's
+// with straddle_block 2, giving that rows_block plan.
 template <typename Op> void check_straddling(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
-  const DeviceInfo dev = described(stage_bytes, max_cluster);
-  for (int on_chip : {kOnGrid, kOnCluster, kOffChip})
-    for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 70000 ? 997 : 49999)
-      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
-        Plan p;
-        const int family = on_chip == kOnGrid ? SOFTMAX_FAMILY_AUTO : SOFTMAX_FAMILY_STREAM;
-        if (!plan_rows<Op>(rows, cols, 1, family, 0, 0, dev, &p, on_chip)) continue;
-        const Plan element_wise = p;
-        int64_t body = 0;
-        ++plans;
-        const bool took = plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, true, dev, &p, &body);
-        const bool expect = Op::kStraddles && element_wise.family == SOFTMAX_FAMILY_STREAM && cols >= 2 * kVec &&
-                            (on_chip != kOffChip || sizeof(T) == 2);
-        if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
-        if (!took) continue;
-        if (!p.straddle || p.pack != kVec || p.family != SOFTMAX_FAMILY_STREAM || body != cols - (kVec - 1) ||
-            p.chunks < 1 || p.chunk_cols * p.chunks < body || (p.resident && on_chip == kOffChip))
-          report(op, "straddling plan malformed", family, 1, 0, cols, p);
-        Plan off = element_wise;
-        DeviceInfo none = dev;
-        none.straddle = false;
-        if (plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, true, none, &off, &body))
-          report(op, "straddles with PYSOFTMAX_STRADDLE=0", family, 1, 0, cols, off);
-        off = element_wise;
-        if (plan_straddling<Op>(rows, cols, SOFTMAX_FAMILY_BLOCK, 0, 0, on_chip, true, dev, &off, &body))
-          report(op, "straddles where a register family was asked for", family, 1, 0, cols, off);
-      }
+  for (int straddle_block : {kStraddleBlock, 0, 2}) {
+    DeviceInfo dev = described(stage_bytes, max_cluster);
+    dev.straddle_block = straddle_block;
+    for (int on_chip : {kOnGrid, kOnCluster, kOffChip})
+      for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 70000 ? 997 : 49999)
+        for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
+          Plan p;
+          const bool fused = on_chip == kOnGrid;
+          const int family = fused ? SOFTMAX_FAMILY_AUTO : SOFTMAX_FAMILY_STREAM;
+          if (!plan_rows<Op>(rows, cols, 1, family, 0, 0, dev, &p, on_chip)) continue;
+          const Plan element_wise = p;
+          int64_t body = 0;
+          ++plans;
+          const bool took = plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, fused, true, dev, &p, &body);
+          // The aligned body's plan, made a block a row where rows_warp gives it a warp.
+          Plan aligned;
+          const bool held = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
+          bool block = fused && held && cols >= 2 * kVec && straddle_block > (sizeof(T) == 2 ? 0 : 1) &&
+                       plan_rows<Op>(rows, cols - (kVec - 1), kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &aligned, on_chip);
+          if (block && aligned.family == SOFTMAX_FAMILY_WARP && aligned.group == kMaxGroup && aligned.rows_per_group == 1)
+            block = plan_rows<Op>(rows, cols - (kVec - 1), kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &aligned, on_chip);
+          block = block && aligned.family == SOFTMAX_FAMILY_BLOCK;
+          const bool expect = Op::kStraddles && cols >= 2 * kVec &&
+                              (block || (element_wise.family == SOFTMAX_FAMILY_STREAM && (on_chip != kOffChip || sizeof(T) == 2)));
+          if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
+          if (!took) continue;
+          if (!p.straddle || p.pack != kVec || body != cols - (kVec - 1) || p.family != (block ? SOFTMAX_FAMILY_BLOCK : SOFTMAX_FAMILY_STREAM))
+            report(op, "straddling plan malformed", family, 1, 0, cols, p);
+          if (p.family == SOFTMAX_FAMILY_BLOCK && (p.packs != aligned.packs || p.threads != aligned.threads ||
+                                                   int64_t{p.threads} * p.packs * kVec < body || p.threads < kVec - 1))
+            report(op, "straddling rows_block plan differs from the aligned body's", family, 1, 0, cols, p);
+          if (p.family == SOFTMAX_FAMILY_STREAM &&
+              (p.chunks < 1 || p.chunk_cols * p.chunks < body || (p.resident && on_chip == kOffChip)))
+            report(op, "straddling stream plan malformed", family, 1, 0, cols, p);
+          Plan off = element_wise;
+          DeviceInfo none = dev;
+          none.straddle = false;
+          if (plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, fused, true, none, &off, &body))
+            report(op, "straddles with PYSOFTMAX_STRADDLE=0", family, 1, 0, cols, off);
+          off = element_wise;
+          if (plan_straddling<Op>(rows, cols, SOFTMAX_FAMILY_BLOCK, 0, 0, on_chip, fused, true, dev, &off, &body))
+            report(op, "straddles where a register family was asked for", family, 1, 0, cols, off);
+          off = element_wise;
+          if (plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, fused, false, dev, &off, &body))
+            report(op, "straddles arrays whose rows start at different offsets", family, 1, 0, cols, off);
+        }
+  }
 }
 
 // plan_tile over the fused op's automatic element-wise plans, by default and with the rule
