@@ -205,9 +205,13 @@ void rows_block(const Op op, int64_t rows) {
   if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(body(op.prefetch_row(blockIdx.x), &head), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Item v[kItems + (kStraddle ? 1 : 0)];  // kStraddle: v[kItems] is the column outside the body (a pad elsewhere)
-    const Row w = body(op.row(r), &head);
-    if constexpr (kStraddle) op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), outside, v + kItems);
+    Row w{};
+    if constexpr (kStraddle) {  // the outside column is read before the wait, its latency hidden behind the copies'
+      w = body(op.row(r), &head);
+      op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), outside, v + kItems);
+    }
     if (kSlots) copy_async_wait();
+    if constexpr (!kStraddle) w = op.row(r);
     op.template load<kPack, kPacks, true>(w, span, true, v, kSlots ? &stage : nullptr);
     if (kSlots) {
       copy_async_reuse_fence();
