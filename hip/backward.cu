@@ -53,8 +53,8 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }
   int64_t body_cols = 0;
-  if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED, straddles, dev, &plan,
-                                     &body_cols))
+  if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip,
+                                     p.algo == SOFTMAX_ALGO_FUSED, straddles, dev, &plan, &body_cols))
     op.cols = body_cols;
   cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));

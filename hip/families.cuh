@@ -202,7 +202,8 @@ void rows_block(const Op op, int64_t rows) {
   };
   const bool outside = kStraddle && threadIdx.x < kPack - 1;  // this thread adds a column outside the body
   int head = 0;
-  if (kSlots && blockIdx.x < rows) op.template prefetch<kPack, kPacks>(body(op.prefetch_row(blockIdx.x), &head), span, true, stage);
+  if (kSlots && blockIdx.x < rows)
+    op.template prefetch<kPack, kPacks>(body(op.prefetch_row(blockIdx.x), &head), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     Item v[kItems + (kStraddle ? 1 : 0)];  // kStraddle: v[kItems] is the column outside the body (a pad elsewhere)
     Row w{};

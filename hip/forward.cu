@@ -136,7 +136,8 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
   int64_t body_cols = 0;
-  if (plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED, straddles, dev, &plan, &body_cols))
+  if (plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED,
+                          straddles, dev, &plan, &body_cols))
     op.cols = body_cols;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps

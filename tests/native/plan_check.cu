@@ -205,7 +205,8 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
                               (block || (element_wise.family == SOFTMAX_FAMILY_STREAM && (on_chip != kOffChip || sizeof(T) == 2)));
           if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
           if (!took) continue;
-          if (!p.straddle || p.pack != kVec || body != cols - (kVec - 1) || p.family != (block ? SOFTMAX_FAMILY_BLOCK : SOFTMAX_FAMILY_STREAM))
+          if (!p.straddle || p.pack != kVec || body != cols - (kVec - 1) ||
+              p.family != (block ? SOFTMAX_FAMILY_BLOCK : SOFTMAX_FAMILY_STREAM))
             report(op, "straddling plan malformed", family, 1, 0, cols, p);
           if (p.family == SOFTMAX_FAMILY_BLOCK && (p.packs != aligned.packs || p.threads != aligned.threads ||
                                                    int64_t{p.threads} * p.packs * kVec < body || p.threads < kVec - 1))
