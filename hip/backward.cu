@@ -37,8 +37,10 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
     int64_t body = 0;
-    if (plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, true), dev, &plan, &body))
+    if (plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, true), dev, &plan, &body)) {
+      op.outside = static_cast<int>(p.cols - body);
       op.cols = body;
+    }
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes (vector rows up to kNaiveBackwardGroupSteps steps of a full
@@ -54,8 +56,10 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   }
   int64_t body_cols = 0;
   if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip,
-                                     p.algo == SOFTMAX_ALGO_FUSED, straddles, dev, &plan, &body_cols))
+                                     p.algo == SOFTMAX_ALGO_FUSED, straddles, dev, &plan, &body_cols)) {
+    op.outside = static_cast<int>(p.cols - body_cols);
     op.cols = body_cols;
+  }
   cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;

@@ -45,6 +45,7 @@ template <typename T> struct BackwardOp {
   const T* dy;
   T* dx;
   int64_t y_stride, dy_stride, dx_stride, cols;
+  int outside;  // straddling rows (plan_straddling): the columns outside each row's body, which cols is
   C scale;
 
   struct Row {

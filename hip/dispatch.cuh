@@ -51,6 +51,12 @@ static_assert(kOddCounts == 2, "launch_with_pack launches kOddPacks[0] and kOddP
 template <typename Op, int kPack> constexpr bool odd_packs(int packs) {
   return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= packs;
 }
+// Whether rows_warp may straddle Op's rows (plan_straddling): unmasked 16-bit rows, the only ones
+// whose straddling rows_warp kernels are compiled (4-byte rows read one by one coalesce nearly as
+// well, and rows_block's straddling float32 rows lost; docs/TUNING.md, "plan_straddling").
+template <typename Op> constexpr bool warp_straddles() {
+  return Op::kStraddles && !Op::kWalk && sizeof(typename Op::Storage) == 2;
+}
 // DeviceInfo::odd_packs_allowed: which of kOddPacks the planner may take (bit i: kOddPacks[i]), and
 // whether it takes them where the power-of-two plan holds two rows a group (kOddPacksOverTwoRows).
 constexpr int kOddPacksOverTwoRows = 1 << 8;
@@ -144,6 +150,7 @@ struct DeviceInfo {
   bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
   int straddle_block = kStraddleBlock;   // rows_block straddles 16-bit rows (1), every dtype's (2), none (0)
                                          // (PYSOFTMAX_STRADDLE_BLOCK)
+  bool straddle_warp = true;             // rows_warp straddles 16-bit rows (PYSOFTMAX_STRADDLE_WARP)
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
@@ -230,6 +237,8 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_STRADDLE_BLOCK, read once a device: which rows rows_block straddles, as
   // DeviceInfo::straddle_block (measurement; docs/TUNING.md, "plan_straddling").
   if (const char* sb = getenv("PYSOFTMAX_STRADDLE_BLOCK")) info.straddle_block = atoi(sb);
+  // PYSOFTMAX_STRADDLE_WARP, read once a device: "0" rows_warp straddles no row (measurement).
+  if (const char* sw = getenv("PYSOFTMAX_STRADDLE_WARP")) info.straddle_warp = !(sw[0] == '0' && !sw[1]);
   // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
   // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
   // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
@@ -782,15 +791,17 @@ template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
 }
 
 // rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup, with
-// warp_rows rows a group.
-template <typename Op, int kPack, int kPacks, int G = narrowest_group<Op, kPack>(kPacks)>
+// warp_rows rows a group; kStraddle for straddling rows, whose groups have a lane for each
+// column outside the body (kPack lanes at least).
+template <typename Op, int kPack, int kPacks, bool kStraddle = false,
+          int G = std::max(narrowest_group<Op, kPack>(kPacks), kStraddle ? kPack : 1)>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   if constexpr (G > kMaxGroup) {
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: no group of %d lanes for %d packs a lane", p.group, kPacks);
   } else {
     constexpr int kRows = warp_rows<Op, kPack>(kPacks, G);
-    if (p.group == G) return launch(rows_warp<Op, kPack, kPacks, G, kRows>, "rows_warp", p, s, op, rows);
-    return launch_warp_group<Op, kPack, kPacks, G * 2>(op, rows, p, s);
+    if (p.group == G) return launch(rows_warp<Op, kPack, kPacks, G, kRows, kStraddle>, "rows_warp", p, s, op, rows);
+    return launch_warp_group<Op, kPack, kPacks, kStraddle, G * 2>(op, rows, p, s);
   }
 }
 
@@ -861,14 +872,23 @@ int launch_with_pack(const Op& op, int64_t rows, const Plan& p, hipStream_t s, t
   using T = typename Op::Storage;
   constexpr int kMaxPacks = (kPack > 1 ? max_items<T>() : max_scalar_items<T>()) / kPack;
   switch (p.family) {
-    case SOFTMAX_FAMILY_WARP:
-      if constexpr (odd_packs<Op, kPack>(kOddPacks[0]))
-        if (p.packs == kOddPacks[0]) return launch_warp_group<Op, kPack, kOddPacks[0]>(op, rows, p, s);
-      if constexpr (odd_packs<Op, kPack>(kOddPacks[1]))
-        if (p.packs == kOddPacks[1]) return launch_warp_group<Op, kPack, kOddPacks[1]>(op, rows, p, s);
-      return by_packs<Op, kPack, tiny_packs(kPack), kMaxPacks>(p.packs, [&](auto k) {
-        return launch_warp_group<Op, kPack, decltype(k)::value>(op, rows, p, s);
-      });
+    case SOFTMAX_FAMILY_WARP: {
+      auto by_group = [&](auto straddle) {
+        constexpr bool kStraddle = decltype(straddle)::value;
+        if constexpr (odd_packs<Op, kPack>(kOddPacks[0]))
+          if (p.packs == kOddPacks[0]) return launch_warp_group<Op, kPack, kOddPacks[0], kStraddle>(op, rows, p, s);
+        if constexpr (odd_packs<Op, kPack>(kOddPacks[1]))
+          if (p.packs == kOddPacks[1]) return launch_warp_group<Op, kPack, kOddPacks[1], kStraddle>(op, rows, p, s);
+        return by_packs<Op, kPack, tiny_packs(kPack), kMaxPacks>(p.packs, [&](auto k) {
+          return launch_warp_group<Op, kPack, decltype(k)::value, kStraddle>(op, rows, p, s);
+        });
+      };
+      if constexpr (warp_straddles<Op>() && kPack > 1) {
+        if (p.straddle) return by_group(std::true_type());
+      }
+      if (p.straddle) return fail(SOFTMAX_ERROR_INTERNAL, "rows_warp: a straddling plan for rows that cannot straddle");
+      return by_group(std::false_type());
+    }
     case SOFTMAX_FAMILY_BLOCK:
       if constexpr (kPack > 1 && Op::kStraddles) {
         if (p.straddle)
@@ -949,15 +969,23 @@ inline bool dense_rows(const softmax_problem_t& p, bool with_dy) {
 }
 
 // Straddling rows: where an element-wise plan `plan` would read rows that may straddle
-// (same_pack_offsets), a plan for their aligned bodies, cols - (pack - 1) columns of vector packs,
-// replaces it; the kernel adds the pack - 1 columns around each body one element a thread.
-// *body_cols is then the bodies' length, which the op's cols must be.
-// - Rows that the fused algorithm's automatic plan (`fused`) holds in registers take
-//   rows_block<kStraddle> where an aligned row of the body's length takes rows_block, or rows_warp
-//   a warp a row (a block of its own each then): 16-bit rows, and wider ones where
-//   dev.straddle_block says so. Where the body took rows_warp in narrower groups (rows_tile takes
-//   the shortest), and where a family, a chunk count or a block size is requested, the caller's
-//   kernels stay. float32 rows read one by one coalesce nearly as well, and the backward's lost
+// (same_pack_offsets), a plan for their aligned bodies, of vector packs from each row's first pack
+// boundary, replaces it; the kernel adds the columns around each body an element a thread.
+// *body_cols is then the bodies' length, which the op's cols must be, and the op's `outside` the
+// rest of the row. A streamed body is cols - (pack - 1) columns (one partial pack at its end); a
+// body held in registers is that rounded down to whole packs (pack - 1 to 2 pack - 2 columns
+// outside it), as a partial pack sends the lanes holding it through the loaders' per-column tests
+// (docs/TUNING.md, "plan_straddling").
+// - Rows that the fused algorithm's automatic plan (`fused`) holds in registers take the plan of
+//   an aligned row of the body's length where it holds them in registers too:
+//   - rows_block<kStraddle> where that plan is rows_block, or rows_warp a warp a row (a block of
+//     its own each then; dev.straddle_block: 16-bit rows, or every dtype's). The forward's 16-bit
+//     rows of a warp a row stay in rows_warp<kStraddle> where that leaves fewer slots idle.
+//   - rows_warp<kStraddle> where that plan is rows_warp in narrower groups, 16-bit rows whose
+//     group has a lane for each column outside the body (dev.straddle_warp); several rows a group
+//     only where the element-wise plan is rows_block. rows_tile, planned before, keeps the shortest.
+//   Where a family, a chunk count or a block size is requested, the caller's kernels stay.
+//   float32 rows read one by one coalesce nearly as well, and the backward's lost in rows_block
 //   (docs/TUNING.md, "plan_straddling").
 // - Rows that the element-wise plan streams take the stream of their bodies, staged and held on
 //   chip as aligned rows are (`on_chip`, as the caller's plan); it measured faster than
@@ -972,29 +1000,47 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
   constexpr int kVec = vec_pack<T>();
   if (!Op::kStraddles || !may_straddle || !dev.straddle || plan->pack != 1 || cols < 2 * kVec) return false;
   const int64_t body = cols - (kVec - 1);
+  const int64_t held_body = body / kVec * kVec;  // whole packs (rows held in registers)
   Plan p;
   const bool held = plan->family == SOFTMAX_FAMILY_WARP || plan->family == SOFTMAX_FAMILY_BLOCK;
   const bool block_rule = sizeof(T) == 2 ? dev.straddle_block > 0 : dev.straddle_block > 1;
-  if (fused && held && block_rule && family == SOFTMAX_FAMILY_AUTO && !chunks && !threads &&
-      plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p, on_chip) &&
-      (p.family == SOFTMAX_FAMILY_BLOCK ||
-       (p.family == SOFTMAX_FAMILY_WARP && p.group == kMaxGroup && p.rows_per_group == 1 &&
-        plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &p, on_chip)))) {
-    // rows_block<kStraddle>
-  } else if (plan->family == SOFTMAX_FAMILY_STREAM && (family == SOFTMAX_FAMILY_AUTO || family == SOFTMAX_FAMILY_STREAM) &&
-             (on_chip != kOffChip || sizeof(T) == 2)) {
-    if (!plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip)) return false;
+  const bool warp_rule = warp_straddles<Op>() && dev.straddle_warp;
+  bool in_registers = false;  // rows_block<kStraddle> or rows_warp<kStraddle>
+  if (fused && held && (block_rule || warp_rule) && family == SOFTMAX_FAMILY_AUTO && !chunks && !threads &&
+      plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p, on_chip)) {
+    const bool whole_warp = p.family == SOFTMAX_FAMILY_WARP && p.group == kMaxGroup && p.rows_per_group == 1;
+    const bool warp = warp_rule && p.family == SOFTMAX_FAMILY_WARP && p.group >= kVec - 1;
+    Plan block;
+    if (block_rule && p.family == SOFTMAX_FAMILY_BLOCK) {
+      in_registers = true;
+    } else if (block_rule && whole_warp &&
+               plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &block, on_chip)) {
+      // A warp a row stays in rows_warp where it leaves fewer slots idle than the block would
+      // (three packs a lane against a block's two), one array a column (the forward): the
+      // backward's two measured faster in the block.
+      const bool fewer_slots = int64_t{p.group} * p.packs < int64_t{block.threads} * block.packs;
+      if (!(warp && Op::kInputs == 1 && fewer_slots)) p = block;
+      in_registers = true;
+    } else {
+      // Several rows a group only where the element-wise plan is rows_block: against the
+      // element-wise rows_warp they lost.
+      in_registers = warp && (p.rows_per_group == 1 || plan->family == SOFTMAX_FAMILY_BLOCK);
+    }
+  }
+  if (!in_registers) {
+    if (plan->family != SOFTMAX_FAMILY_STREAM || (family != SOFTMAX_FAMILY_AUTO && family != SOFTMAX_FAMILY_STREAM) ||
+        (on_chip == kOffChip && sizeof(T) != 2) ||
+        !plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip))
+      return false;
     if (p.carry && p.threads < kStreamThreads) {  // the one-step walk has no straddling kernel: one step ahead
       p.stage /= p.held;
       p.held = 1;
       p.carry = false;
     }
-  } else {
-    return false;
   }
   p.straddle = true;
   *plan = p;
-  *body_cols = body;
+  *body_cols = in_registers ? held_body : body;
   return true;
 }
 

@@ -91,15 +91,30 @@ template <typename Op, int kPack, int kPacks> struct AheadOf<Op, kPack, kPacks, 
 // rows_warp: groups of G lanes, each group kRows rows at a time, kPacks packs of kPack per lane.
 // The loop bound is the warp's first row, so all lanes of a warp run the same trips and every
 // shuffle has the whole warp present; rows past the end ride along as dead rows.
+// kStraddle: rows that start off the pack boundary, as rows_block's: op.cols is the body, and
+// the group's first lanes hold the columns outside it (holds_outside) as more items.
 
-template <typename Op, int kPack, int kPacks, int G, int kRows>
+template <typename Op, int kPack, int kPacks, int G, int kRows, bool kStraddle = false>
 __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_warp(const Op op, int64_t rows) {
   using Item = typename Op::Item;
+  using Row = typename Op::Row;
   constexpr int kItems = kPack * kPacks;
   constexpr int kGroups = kWarpSize / G;      // groups per warp
   constexpr int kWarpRows = kGroups * kRows;  // rows per warp per step
+  // Straddling rows carry no walk (unmasked) and are not read ahead, and a group has a lane for
+  // each column before the body.
+  static_assert(!kStraddle || (kPack > 1 && G >= kPack - 1 && !Op::kWalk), "rows_warp: rows that cannot straddle");
   // A narrow span: the planner gives a group of G lanes rows of at most G * kPacks * kPack columns.
-  const SpanT<true> span{0, static_cast<int>(threadIdx.x % G), G, op.cols};
+  const int lane = static_cast<int>(threadIdx.x % G);
+  const SpanT<true> span{0, lane, G, op.cols};
+  // kStraddle: items past kItems, the columns outside the body of the group's first kOutsideLanes.
+  constexpr int kOutsideLanes = outside_lanes<kPack>(G);
+  constexpr int kOutside = kStraddle ? outside_items<kPack>(G) : 0;
+  // kStraddle: row w's body (the row from its first pack boundary on).
+  auto body = [&](const Row& w) {
+    if constexpr (kStraddle) return op.shift(w, op.head(w));
+    else return w;
+  };
   const int group = (threadIdx.x % kWarpSize) / G;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
@@ -130,7 +145,7 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      op.template prefetch<kPack, kPacks>(prefetch_row_at(op, r < rows ? r : 0, walk[k]), span, r < rows,
+      op.template prefetch<kPack, kPacks>(body(prefetch_row_at(op, r < rows ? r : 0, walk[k])), span, r < rows,
                                           stage.at(k * kPacks * Op::kStaged));
     }
   };
@@ -139,8 +154,20 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
     if (warp * kWarpRows < rows) fetch(warp * kWarpRows);
   }
   for (int64_t base = warp * kWarpRows; base < rows; base += warps * kWarpRows) {
-    Item v[kRows][kItems];
+    Item v[kRows][kItems + kOutside];
     Item lane_max[kRows];
+    if constexpr (kStraddle) {  // the outside columns are read before the wait, their latency hidden behind the copies'
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t r = base + k * kGroups + group;
+        const Row w = op.row(r < rows ? r : 0);
+        const int head = op.head(w);
+#pragma unroll
+        for (int i = 0; i < kOutside; ++i)
+          op.template load<1, 1>(op.shift(w, head), outside_column(held_outside<kOutsideLanes>(lane, i), head, op.cols),
+                                 r < rows && holds_outside<kOutsideLanes>(lane, i, op.outside), v[k] + kItems + i);
+      }
+    }
     if (kSlots) copy_async_wait();
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
@@ -149,7 +176,8 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
       } else {
         const int64_t r = base + k * kGroups + group;
         const Stage st = stage.at(k * kPacks * Op::kStaged);
-        op.template load<kPack, kPacks, true>(row_at(op, r < rows ? r : 0, walk[k]), span, r < rows, v[k], kSlots ? &st : nullptr);
+        op.template load<kPack, kPacks, true>(body(row_at(op, r < rows ? r : 0, walk[k])), span, r < rows, v[k],
+                                              kSlots ? &st : nullptr);
         advance_walk(op, walk[k], step);
       }
     }
@@ -163,14 +191,26 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       if constexpr (kAhead) op.template finish<kItems>(v[k], GroupReduce<G>(), lane_max[k]);
-      else op.template finish<kItems>(v[k], GroupReduce<G>());
+      else op.template finish<kItems + kOutside>(v[k], GroupReduce<G>());
     }
     // Row pointers are recomputed for the stores rather than kept live across the reductions:
     // registers are what limits the rows in flight.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t r = base + k * kGroups + group;
-      if (r < rows) op.template store<kPack, kPacks>(op.row(r), span, v[k]);
+      if (r >= rows) continue;
+      if constexpr (kStraddle) {
+        const Row w = op.row(r);
+        const int head = op.head(w);
+        op.template store<kPack, kPacks>(op.shift(w, head), span, v[k]);
+#pragma unroll
+        for (int i = 0; i < kOutside; ++i)
+          if (holds_outside<kOutsideLanes>(lane, i, op.outside))
+            op.template store<1, 1>(op.shift(w, head), outside_column(held_outside<kOutsideLanes>(lane, i), head, op.cols),
+                                    v[k] + kItems + i);
+      } else {
+        op.template store<kPack, kPacks>(op.row(r), span, v[k]);
+      }
     }
   }
 }
@@ -178,10 +218,10 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
 // ---------------------------------------------------------------------------------------------
 // rows_block: one row per block at a time, held in the registers of all its threads.
 // kStraddle: rows that start off the pack boundary, each array's at the same offset (a contiguous
-// array of an odd width; plan_straddling). op.cols is the row's body, cols - (kPack - 1) columns
-// from its first boundary, held as an aligned row of that length; threads 0..kPack-2 take one
-// column outside the body each (outside_column) as one more item of their row, so that the row's
-// reduction and its results count them with the rest. A kernel of its own, as rows_stream's.
+// array of an odd width; plan_straddling). op.cols is the row's body, whole packs from its first
+// boundary, held as an aligned row of that length; the block's first threads hold the op.outside
+// columns outside the body (holds_outside) as one more item each, so that the row's reduction
+// and its results count them with the rest. A kernel of its own, as rows_stream's.
 
 template <typename Op, int kPack, int kPacks, bool kStraddle = false>
 __global__ __launch_bounds__((kPack > 1 ? Op::kBlockBoundThreads : Op::kBlockMaxThreads))
@@ -200,16 +240,22 @@ void rows_block(const Op op, int64_t rows) {
     if constexpr (kStraddle) return op.shift(w, *head = op.head(w));
     else return w;
   };
-  const bool outside = kStraddle && threadIdx.x < kPack - 1;  // this thread adds a column outside the body
+  // kStraddle: items past kItems, the columns outside the body of the block's first kOutsideLanes.
+  constexpr int kOutsideLanes = outside_lanes<kPack>(kMaxBlockThreads);
+  constexpr int kOutside = kStraddle ? outside_items<kPack>(kMaxBlockThreads) : 0;
+  [[maybe_unused]] const int t = static_cast<int>(threadIdx.x);
   int head = 0;
   if (kSlots && blockIdx.x < rows)
     op.template prefetch<kPack, kPacks>(body(op.prefetch_row(blockIdx.x), &head), span, true, stage);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    Item v[kItems + (kStraddle ? 1 : 0)];  // kStraddle: v[kItems] is the column outside the body (a pad elsewhere)
+    Item v[kItems + kOutside];
     Row w{};
-    if constexpr (kStraddle) {  // the outside column is read before the wait, its latency hidden behind the copies'
+    if constexpr (kStraddle) {  // the outside columns are read before the wait, their latency hidden behind the copies'
       w = body(op.row(r), &head);
-      op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), outside, v + kItems);
+#pragma unroll
+      for (int i = 0; i < kOutside; ++i)
+        op.template load<1, 1>(w, outside_column(held_outside<kOutsideLanes>(t, i), head, op.cols),
+                               holds_outside<kOutsideLanes>(t, i, op.outside), v + kItems + i);
     }
     if (kSlots) copy_async_wait();
     if constexpr (!kStraddle) w = op.row(r);
@@ -221,10 +267,13 @@ void rows_block(const Op op, int64_t rows) {
         op.template prefetch<kPack, kPacks>(body(op.prefetch_row(r + gridDim.x), &next_head), span, true, stage);
       }
     }
-    op.template finish<kItems + (kStraddle ? 1 : 0)>(v, BlockReduce<C>{scratch});
+    op.template finish<kItems + kOutside>(v, BlockReduce<C>{scratch});
     if constexpr (kStraddle) {
       op.template store<kPack, kPacks>(w, span, v);
-      if (outside) op.template store<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), v + kItems);
+#pragma unroll
+      for (int i = 0; i < kOutside; ++i)
+        if (holds_outside<kOutsideLanes>(t, i, op.outside))
+          op.template store<1, 1>(w, outside_column(held_outside<kOutsideLanes>(t, i), head, op.cols), v + kItems + i);
     } else {
       op.template store<kPack, kPacks>(op.row(r), span, v);
     }

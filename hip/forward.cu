@@ -108,8 +108,10 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
                     static_cast<long long>(p.cols));
       {
         int64_t body = 0;
-        if (plan_tile<Op>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, false), dev, &plan, &body))
+        if (plan_tile<Op>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, false), dev, &plan, &body)) {
+          op.outside = static_cast<int>(p.cols - body);
           op.cols = body;
+        }
       }
       break;
     case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
@@ -137,8 +139,10 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   }
   int64_t body_cols = 0;
   if (plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED,
-                          straddles, dev, &plan, &body_cols))
+                          straddles, dev, &plan, &body_cols)) {
+    op.outside = static_cast<int>(p.cols - body_cols);
     op.cols = body_cols;
+  }
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

@@ -52,6 +52,7 @@ template <typename T, int kMask> struct ForwardOp {
   const T* x;
   T* y;
   int64_t x_stride, y_stride, cols;
+  int outside;  // straddling rows (plan_straddling): the columns outside each row's body, which cols is
   C scale;  // applied on load (kAdditive only)
   C exp_k;  // the exponent's factor: exp_factor(scale) where folded, exp_factor(1) otherwise
   Divisor causal_queries;

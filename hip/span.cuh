@@ -82,6 +82,20 @@ __device__ __forceinline__ Span outside_column(int k, int head, int64_t body_col
   return Span{c, 0, 1, c + 1};
 }
 
+// Straddling rows held in registers (rows_warp, rows_block) have bodies of whole packs, so that no
+// lane holds a partial pack, and pack - 1 to 2 pack - 2 columns outside them (`outside`). They are
+// items of the row's first `lanes` threads or lanes (outside_lanes: 2 pack - 2 where the group
+// has them, one item each; else the group's, outside_items each): thread t's i-th is column
+// t + i * lanes (outside_column's k), where that is below `outside`.
+template <int kPack> constexpr int outside_lanes(int width) { return width < 2 * (kPack - 1) ? width : 2 * (kPack - 1); }
+template <int kPack> constexpr int outside_items(int width) {
+  return (2 * (kPack - 1) + outside_lanes<kPack>(width) - 1) / outside_lanes<kPack>(width);
+}
+template <int kLanes> __device__ __forceinline__ int held_outside(int t, int i) { return t + i * kLanes; }
+template <int kLanes> __device__ __forceinline__ bool holds_outside(int t, int i, int outside) {
+  return t < kLanes && held_outside<kLanes>(t, i) < outside;
+}
+
 // A thread's slots in shared memory for packs copied ahead of use (every family that stages): slot j
 // of thread t is the 16 bytes at (first + j) * threads + t, so a warp's slots are consecutive
 // (no bank conflicts) and no thread ever touches another's, which is why a copy needs only the

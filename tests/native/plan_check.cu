@@ -179,11 +179,13 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
 template <typename Op> void check_straddling(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
-  for (int straddle_block : {kStraddleBlock, 0, 2}) {
+  for (int straddle_block : {kStraddleBlock, 0, 2})
+  for (bool straddle_warp : {true, false}) {
     DeviceInfo dev = described(stage_bytes, max_cluster);
     dev.straddle_block = straddle_block;
+    dev.straddle_warp = straddle_warp;
     for (int on_chip : {kOnGrid, kOnCluster, kOffChip})
-      for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 70000 ? 997 : 49999)
+      for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 1100 ? 13 : cols < 70000 ? 997 : 49999)
         for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
           Plan p;
           const bool fused = on_chip == kOnGrid;
@@ -193,24 +195,52 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
           int64_t body = 0;
           ++plans;
           const bool took = plan_straddling<Op>(rows, cols, family, 0, 0, on_chip, fused, true, dev, &p, &body);
-          // The aligned body's plan, made a block a row where rows_warp gives it a warp.
+          // The aligned body's plan (whole packs), made a block a row where rows_warp gives it a warp
+          // (the block rule), or kept in rows_warp where its group has a lane for each outside
+          // column (the warp rule: 16-bit rows). Streamed bodies are cols - (pack - 1) columns.
+          const int64_t held_body = (cols - (kVec - 1)) / kVec * kVec;
           Plan aligned;
           const bool held = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
-          bool block = fused && held && cols >= 2 * kVec && straddle_block > (sizeof(T) == 2 ? 0 : 1) &&
-                       plan_rows<Op>(rows, cols - (kVec - 1), kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &aligned, on_chip);
-          if (block && aligned.family == SOFTMAX_FAMILY_WARP && aligned.group == kMaxGroup && aligned.rows_per_group == 1)
-            block = plan_rows<Op>(rows, cols - (kVec - 1), kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &aligned, on_chip);
-          block = block && aligned.family == SOFTMAX_FAMILY_BLOCK;
+          const bool block_rule = straddle_block > (sizeof(T) == 2 ? 0 : 1);
+          const bool warp_rule = straddle_warp && Op::kStraddles && sizeof(T) == 2;
+          const bool auto_held = fused && held && cols >= 2 * kVec &&
+                                 plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &aligned, on_chip);
+          bool block = auto_held && block_rule && aligned.family == SOFTMAX_FAMILY_BLOCK;
+          const bool whole_warp = auto_held && aligned.family == SOFTMAX_FAMILY_WARP && aligned.group == kMaxGroup &&
+                                  aligned.rows_per_group == 1;
+          const bool warp_plan = auto_held && warp_rule && aligned.family == SOFTMAX_FAMILY_WARP && aligned.group >= kVec;
+          bool warp = false;
+          if (whole_warp && block_rule) {
+            Plan in_block;
+            block = plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &in_block, on_chip);
+            // The forward's rows stay a warp a row where the warp leaves fewer slots idle.
+            if (block && warp_plan && Op::kInputs == 1 &&
+                int64_t{aligned.group} * aligned.packs < int64_t{in_block.threads} * in_block.packs) {
+              block = false;
+              warp = true;
+            } else {
+              aligned = in_block;
+            }
+          } else if (!block) {
+            warp = warp_plan && (aligned.rows_per_group == 1 || element_wise.family == SOFTMAX_FAMILY_BLOCK);
+          }
+          const int expected_family = block ? SOFTMAX_FAMILY_BLOCK : warp ? SOFTMAX_FAMILY_WARP : SOFTMAX_FAMILY_STREAM;
           const bool expect = Op::kStraddles && cols >= 2 * kVec &&
-                              (block || (element_wise.family == SOFTMAX_FAMILY_STREAM && (on_chip != kOffChip || sizeof(T) == 2)));
+                              (block || warp || (element_wise.family == SOFTMAX_FAMILY_STREAM && (on_chip != kOffChip || sizeof(T) == 2)));
           if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
           if (!took) continue;
-          if (!p.straddle || p.pack != kVec || body != cols - (kVec - 1) ||
-              p.family != (block ? SOFTMAX_FAMILY_BLOCK : SOFTMAX_FAMILY_STREAM))
+          const int64_t want_body = block || warp ? held_body : cols - (kVec - 1);
+          if (!p.straddle || p.pack != kVec || body != want_body || p.family != expected_family ||
+              (body % kVec && p.family != SOFTMAX_FAMILY_STREAM) || cols - body < kVec - 1 || cols - body > 2 * (kVec - 1))
             report(op, "straddling plan malformed", family, 1, 0, cols, p);
           if (p.family == SOFTMAX_FAMILY_BLOCK && (p.packs != aligned.packs || p.threads != aligned.threads ||
-                                                   int64_t{p.threads} * p.packs * kVec < body || p.threads < kVec - 1))
+                                                   int64_t{p.threads} * p.packs * kVec < body || p.threads < 2 * (kVec - 1)))
             report(op, "straddling rows_block plan differs from the aligned body's", family, 1, 0, cols, p);
+          // rows_warp<kStraddle> is compiled for groups of kVec lanes or more.
+          if (p.family == SOFTMAX_FAMILY_WARP &&
+              (p.packs != aligned.packs || p.group != aligned.group || p.rows_per_group != aligned.rows_per_group ||
+               p.stage != aligned.stage || int64_t{p.group} * p.packs * kVec < body || p.group < kVec))
+            report(op, "straddling rows_warp plan differs from the aligned body's", family, 1, 0, cols, p);
           if (p.family == SOFTMAX_FAMILY_STREAM &&
               (p.chunks < 1 || p.chunk_cols * p.chunks < body || (p.resident && on_chip == kOffChip)))
             report(op, "straddling stream plan malformed", family, 1, 0, cols, p);
