@@ -792,7 +792,7 @@ template <typename Op, int kPack> constexpr int narrowest_group(int packs) {
 
 // rows_warp for the plan's group width, one of the powers of two from G to kMaxGroup, with
 // warp_rows rows a group; kStraddle for straddling rows, whose groups have a lane for each
-// column outside the body (kPack lanes at least).
+// column before the body (kPack lanes at least; holds_outside in span.cuh).
 template <typename Op, int kPack, int kPacks, bool kStraddle = false,
           int G = std::max(narrowest_group<Op, kPack>(kPacks), kStraddle ? kPack : 1)>
 int launch_warp_group(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
@@ -982,7 +982,7 @@ inline bool dense_rows(const softmax_problem_t& p, bool with_dy) {
 //     its own each then; dev.straddle_block: 16-bit rows, or every dtype's). The forward's 16-bit
 //     rows of a warp a row stay in rows_warp<kStraddle> where that leaves fewer slots idle.
 //   - rows_warp<kStraddle> where that plan is rows_warp in narrower groups, 16-bit rows whose
-//     group has a lane for each column outside the body (dev.straddle_warp); several rows a group
+//     group has a lane for each column before the body (dev.straddle_warp); several rows a group
 //     only where the element-wise plan is rows_block. rows_tile, planned before, keeps the shortest.
 //   Where a family, a chunk count or a block size is requested, the caller's kernels stay.
 //   float32 rows read one by one coalesce nearly as well, and the backward's lost in rows_block

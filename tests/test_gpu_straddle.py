@@ -6,8 +6,9 @@ the call shares that offset (a contiguous array, in place or into a fresh one; v
 into rows of one width), the fused algorithm's rows that its element-wise plan holds in registers
 take the plan of their body, the whole packs from the row's first pack boundary on that leave at
 least pack - 1 columns, as an aligned row: the body in vector packs, and the pack - 1 to
-2 pack - 2 columns outside it (the head before it, the rest after it) one or two elements each of
-threads or lanes 0..pack-2 (plan_straddling in hip/dispatch.cuh). rows_block<kStraddle> takes them where the body takes rows_block (or rows_warp
+2 pack - 2 columns outside it (the head before it, the rest after it) one element each of the
+first 2 pack - 2 threads or lanes, two each of a group of 8 lanes (holds_outside in hip/span.cuh;
+plan_straddling in hip/dispatch.cuh). rows_block<kStraddle> takes them where the body takes rows_block (or rows_warp
 a warp a row, but the forward's rows that a warp leaves fewer slots idle in): by default 16-bit
 rows (kStraddleBlock 1), PYSOFTMAX_STRADDLE_BLOCK=2 every dtype's, =0 none. rows_warp<kStraddle>
 takes 16-bit rows whose body rows_warp holds in narrower groups, several rows a group where the

@@ -197,7 +197,7 @@ for dtype in ("float32", "float16"):
     # Straddling rows groups of lanes hold (rows_warp kStraddle, the forward's 16-bit rows past the
     # tile): groups of 8, 16 and 32 lanes (two rows a group, dead rows in the last warp), the
     # automatic grid and one block walking the rows.
-    for shape in ((13, 137), (67, 257), (99, 449)):
+    for shape in ((13, 137), (67, 257), (99, 519)):
         x = arr(shape, dtype)
         plan = _ops.plan(x.shape, dtype)
         step(f"warp straddling {shape} {dtype} (family={plan['family']} group={plan['group']} straddle={plan['straddle']})",

@@ -210,15 +210,15 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
                                   aligned.rows_per_group == 1;
           const bool warp_plan = auto_held && warp_rule && aligned.family == SOFTMAX_FAMILY_WARP && aligned.group >= kVec;
           bool warp = false;
-          if (whole_warp && block_rule) {
-            Plan in_block;
-            block = plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &in_block, on_chip);
+          Plan in_block;
+          if (whole_warp && block_rule &&
+              plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_BLOCK, 0, 0, dev, &in_block, on_chip)) {
             // The forward's rows stay a warp a row where the warp leaves fewer slots idle.
-            if (block && warp_plan && Op::kInputs == 1 &&
+            if (warp_plan && Op::kInputs == 1 &&
                 int64_t{aligned.group} * aligned.packs < int64_t{in_block.threads} * in_block.packs) {
-              block = false;
               warp = true;
             } else {
+              block = true;
               aligned = in_block;
             }
           } else if (!block) {
