@@ -87,6 +87,24 @@ template <typename Op, int kPack, int kPacks> struct AheadOf<Op, kPack, kPacks, 
   using type = typename Op::template Fetch<kPack, kPacks>;
 };
 
+// Straddling rows held in registers (rows_warp, rows_block kStraddle): thread or lane t's
+// kOutside items v[0..kOutside) are its columns outside the body w (holds_outside, the row's first
+// kLanes threads or lanes), read where the row is live and written back after the row's finish.
+template <int kLanes, int kOutside, typename Op, typename Item>
+__device__ __forceinline__ void load_outside(const Op& op, const typename Op::Row& w, int t, int head, bool live, Item* v) {
+#pragma unroll
+  for (int i = 0; i < kOutside; ++i)
+    op.template load<1, 1>(w, outside_column(held_outside<kLanes>(t, i), head, op.cols),
+                           live && holds_outside<kLanes>(t, i, op.outside), v + i);
+}
+template <int kLanes, int kOutside, typename Op, typename Item>
+__device__ __forceinline__ void store_outside(const Op& op, const typename Op::Row& w, int t, int head, const Item* v) {
+#pragma unroll
+  for (int i = 0; i < kOutside; ++i)
+    if (holds_outside<kLanes>(t, i, op.outside))
+      op.template store<1, 1>(w, outside_column(held_outside<kLanes>(t, i), head, op.cols), v + i);
+}
+
 // ---------------------------------------------------------------------------------------------
 // rows_warp: groups of G lanes, each group kRows rows at a time, kPacks packs of kPack per lane.
 // The loop bound is the warp's first row, so all lanes of a warp run the same trips and every
@@ -162,10 +180,7 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
         const int64_t r = base + k * kGroups + group;
         const Row w = op.row(r < rows ? r : 0);
         const int head = op.head(w);
-#pragma unroll
-        for (int i = 0; i < kOutside; ++i)
-          op.template load<1, 1>(op.shift(w, head), outside_column(held_outside<kOutsideLanes>(lane, i), head, op.cols),
-                                 r < rows && holds_outside<kOutsideLanes>(lane, i, op.outside), v[k] + kItems + i);
+        load_outside<kOutsideLanes, kOutside>(op, op.shift(w, head), lane, head, r < rows, v[k] + kItems);
       }
     }
     if (kSlots) copy_async_wait();
@@ -203,11 +218,7 @@ __global__ __launch_bounds__(kWarpFamilyThreads, Op::kWarpMinBlocks) void rows_w
         const Row w = op.row(r);
         const int head = op.head(w);
         op.template store<kPack, kPacks>(op.shift(w, head), span, v[k]);
-#pragma unroll
-        for (int i = 0; i < kOutside; ++i)
-          if (holds_outside<kOutsideLanes>(lane, i, op.outside))
-            op.template store<1, 1>(op.shift(w, head), outside_column(held_outside<kOutsideLanes>(lane, i), head, op.cols),
-                                    v[k] + kItems + i);
+        store_outside<kOutsideLanes, kOutside>(op, op.shift(w, head), lane, head, v[k] + kItems);
       } else {
         op.template store<kPack, kPacks>(op.row(r), span, v[k]);
       }
@@ -252,10 +263,7 @@ void rows_block(const Op op, int64_t rows) {
     Row w{};
     if constexpr (kStraddle) {  // the outside columns are read before the wait, their latency hidden behind the copies'
       w = body(op.row(r), &head);
-#pragma unroll
-      for (int i = 0; i < kOutside; ++i)
-        op.template load<1, 1>(w, outside_column(held_outside<kOutsideLanes>(t, i), head, op.cols),
-                               holds_outside<kOutsideLanes>(t, i, op.outside), v + kItems + i);
+      load_outside<kOutsideLanes, kOutside>(op, w, t, head, true, v + kItems);
     }
     if (kSlots) copy_async_wait();
     if constexpr (!kStraddle) w = op.row(r);
@@ -270,10 +278,7 @@ void rows_block(const Op op, int64_t rows) {
     op.template finish<kItems + kOutside>(v, BlockReduce<C>{scratch});
     if constexpr (kStraddle) {
       op.template store<kPack, kPacks>(w, span, v);
-#pragma unroll
-      for (int i = 0; i < kOutside; ++i)
-        if (holds_outside<kOutsideLanes>(t, i, op.outside))
-          op.template store<1, 1>(w, outside_column(held_outside<kOutsideLanes>(t, i), head, op.cols), v + kItems + i);
+      store_outside<kOutsideLanes, kOutside>(op, w, t, head, v + kItems);
     } else {
       op.template store<kPack, kPacks>(op.row(r), span, v);
     }
