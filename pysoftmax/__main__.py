@@ -93,6 +93,14 @@ def plot(args):
         return _draw(json.load(f), args.out)
 
 
+def report(args):
+    from . import _gate, _report
+
+    path = args.baseline or _gate.baseline_path("NVIDIA H200")
+    print(_report.markdown(*_report.load(path)))
+    return 0
+
+
 def gate(args):
     if not _gpu_or_exit("gate"):
         return 2
@@ -181,6 +189,10 @@ def main(argv=None):
     p.add_argument("report")
     p.add_argument("out")
     p.set_defaults(fn=plot)
+    r = sub.add_parser("report", help="a saved suite run (a baseline) as Markdown tables and the goals it misses "
+                                      "(no GPU needed)")
+    r.add_argument("baseline", nargs="?", help="pytest-benchmark JSON (default: this repo's H200 baseline)")
+    r.set_defaults(fn=report)
     g = sub.add_parser("gate", help="benchmark regression gate against this GPU's stored baseline")
     g.add_argument("--save", action="store_true", help="run the suite and (re)write this GPU's baseline")
     g.add_argument("--baseline", help="baseline file (default benchmarks/baselines/<gpu>.json)")
