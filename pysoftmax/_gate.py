@@ -20,7 +20,7 @@ BASELINES = os.path.join(REPO, "benchmarks", "baselines")
 SUITE = os.path.join(REPO, "benchmarks")
 TIMER = "--benchmark-timer=pysoftmax._bench.gpu_clock"
 # Median run-to-run spread measured on the H200 is a few percent per benchmark (README, "The
-# gate"); 10% stays clear of it while a kernel 20% slower still fails.
+# threshold"); 10% stays clear of it while a kernel 20% slower still fails.
 THRESHOLD_PERCENT = 10
 THRESHOLD = f"median:{THRESHOLD_PERCENT}%"
 # The gate judges pysoftmax's own algorithms. torch and CuPy are measured by the suite and kept

@@ -62,14 +62,64 @@ def test_report_cells_ratios_and_misses(tmp_path):
 
     goals = dict(_report.misses(cases))
     assert goals["fused >= 92% of copy (<= 32768 columns, >= 64 MiB): 1 of 1"] == []
-    assert goals["fused_masked >= 92% of copy (<= 32768 columns, >= 64 MiB): 0 of 1"] == [("524288x512", "float32", "90.0%")]
+    assert goals["fused_masked >= 92% of copy (<= 32768 columns, >= 64 MiB): 0 of 1"] == [("524288x512", "float32", "90.00%")]
     assert goals["fused >= 90% of copy (> 32768 columns, >= 64 MiB): 1 of 1"] == []
-    assert goals["backward >= 90% of copy (> 32768 columns, >= 64 MiB): 0 of 1"] == [("64x1048576", "float32", "85.0%")]
+    assert goals["backward >= 90% of copy (> 32768 columns, >= 64 MiB): 0 of 1"] == [("64x1048576", "float32", "85.00%")]
     assert goals["online >= 90% of copy (<= 32768 columns, >= 64 MiB): 1 of 1"] == []
-    assert goals["naive >= 80% of copy (<= 32768 columns, >= 64 MiB): 0 of 1"] == [("524288x512", "float32", "75.0%")]
+    assert goals["naive >= 80% of copy (<= 32768 columns, >= 64 MiB): 0 of 1"] == [("524288x512", "float32", "75.00%")]
     race = goals["fused >= 1.00x the fastest of torch, torch_compile, cupy: 1 of 3"]
-    assert [(s, x.split()[0]) for s, _, x in race] == [("524288x512", "0.97x"), ("256x2048", "0.80x")]
+    assert [(s, x.split()[0]) for s, _, x in race] == [("524288x512", "0.975x"), ("256x2048", "0.800x")]
     assert [s for s, _, _ in goals["backward >= 1.00x the fastest of torch, torch_compile: 1 of 2"]] == ["524288x512"]
+
+
+def test_report_goal_edges(tmp_path):
+    """The 64 MiB rule in bytes of each dtype, a goal met exactly, a race lost by a hair, the
+    reference algorithms' goals only from 32 to 32768 columns, naive_backward's goal, the masked
+    race, and a run whose records lack the % of copy."""
+    entries = [
+        # bfloat16 32768 x 1024 is 64 MiB exactly (counts), 32767 x 1024 one row short (does not);
+        # in float32 the short one is 128 MiB and counts.
+        _entry("fwd", 32768, 1024, "bfloat16", "fused", 3680),   # 92% exactly: meets
+        _entry("fwd", 32767, 1024, "bfloat16", "fused", 400),    # under 64 MiB: no goal
+        _entry("fwd", 32767, 1024, "float32", "fused", 3679),    # 91.975%: misses
+        _entry("fwd", 32768, 1024, "bfloat16", "torch", 3681),   # 0.9997x: lost
+        _entry("fwd", 32767, 1024, "float32", "torch", 3679),    # 1.000x: not lost
+        _entry("fwd", 32768, 1024, "bfloat16", "fused_masked", 4000),
+        _entry("fwd", 32768, 1024, "bfloat16", "torch_compile_masked", 4001),
+        _entry("bwd", 32768, 1024, "bfloat16", "naive_backward", 3190),  # 79.75%: misses 80
+        _entry("fwd", 4194304, 16, "float32", "online", 100),    # 256 MiB but 16 columns: no goal
+        _entry("fwd", 4194304, 16, "float32", "fused", 3000),    # fused's goal has no such floor
+        _entry("fwd", 64, 1048576, "float32", "online", 100),    # past 32768 columns: no goal
+    ]
+    entries.append({"name": "test_softmax[fwd-65536x1024-float32-naive]", "extra_info": {"gbs": 3000, "copy_gbs": 4000}})
+    meta, cases = _report.load(_doc(tmp_path, entries))
+    assert cases[(65536, 1024, "float32")]["naive"]["pct"] == 75.0
+    goals = dict(_report.misses(cases))
+    assert goals["fused >= 92% of copy (<= 32768 columns, >= 64 MiB): 1 of 3"] == [
+        ("4194304x16", "float32", "75.00%"), ("32767x1024", "float32", "91.97%")]
+    assert goals["online >= 90% of copy (<= 32768 columns, >= 64 MiB): 0 of 0"] == []
+    assert goals["naive >= 80% of copy (<= 32768 columns, >= 64 MiB): 0 of 1"] == [("65536x1024", "float32", "75.00%")]
+    assert goals["naive_backward >= 80% of copy (<= 32768 columns, >= 64 MiB): 0 of 1"] == [
+        ("32768x1024", "bfloat16", "79.75%")]
+    assert not any(goal.startswith("online >= 90% of copy (> 32768") for goal in goals)
+    assert not any(goal.startswith("fused_masked >= 92% of copy (> 32768") for goal in goals)
+    race = goals["fused >= 1.00x the fastest of torch, torch_compile, cupy: 1 of 2"]
+    assert [(s, d) for s, d, _ in race] == [("32768x1024", "bfloat16")] and race[0][2].startswith("1.000x torch")
+    masked = goals["fused_masked >= 1.00x the fastest of torch_compile_masked: 0 of 1"]
+    assert [(s, d) for s, d, _ in masked] == [("32768x1024", "bfloat16")]
+
+
+def test_report_header(tmp_path):
+    path = _doc(tmp_path, [_entry("fwd", 524288, 512, "float16", "fused", 4100)])
+    doc = json.loads(open(path).read())
+    doc["commit_info"]["dirty"] = True
+    doc["benchmarks"].append({"name": "test_softmax[fwd-524288x512-float32-fused]",
+                              "extra_info": {"gbs": 4000, "pct_copy": 95.0, "copy_gbs": 4210.5}})
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    meta, cases = _report.load(path)
+    first = _report.markdown(meta, cases).splitlines()[0]
+    assert first.startswith("Run of 2026-12-05, commit abcdef0 (with local changes); copy 4000-4210 GB/s."), first
 
 
 def test_report_reads_the_committed_baseline():
