@@ -23,6 +23,8 @@ MASKED_PEERS = ("torch_compile_masked",)
 BACKWARD_PEERS = ("torch", "torch_compile")
 SHORT_MAX_COLS = 32768       # issue 23's rows; longer ones are issue 22's
 GOAL_MIN_BYTES = 64 << 20    # the input's size from which the bandwidth goals apply
+REFERENCE_MIN_COLS = 32      # the reference algorithms' goals start at rows of this many columns
+REFERENCES = ("online", "naive", "naive_backward")
 GOALS = (  # (column, % of copy up to SHORT_MAX_COLS, % past it; None: no goal there)
     ("fused", 92, 90),
     ("fused_masked", 92, None),
@@ -39,7 +41,7 @@ _NAME = re.compile(r"\[(fwd|bwd)-(\d+)x(\d+)-(\w+)-(\w+)\]$")
 def load(path):
     """(meta, cases): cases maps (rows, cols, dtype) to {column: {"gbs", "pct"}}, the backward's
     algorithms under their own names ("backward", "naive_backward") and its peers as
-    "bwd:torch", "bwd:torch_compile"; meta has the run's commit, date, copy GB/s and CPU."""
+    "bwd:torch", "bwd:torch_compile"; meta has the run's commit, date and copy GB/s."""
     with open(path) as f:
         doc = json.load(f)
     cases, copies = {}, []
@@ -57,8 +59,7 @@ def load(path):
     commit = doc.get("commit_info") or {}
     copies = sorted(c for c in copies if c)
     meta = dict(commit=(commit.get("id") or "")[:7], dirty=bool(commit.get("dirty")), date=doc.get("datetime", ""),
-                copy=(copies[0], copies[-1]) if copies else None,
-                cpu=(doc.get("machine_info") or {}).get("cpu", {}).get("brand_raw", ""))
+                copy=(copies[0], copies[-1]) if copies else None)
     return meta, cases
 
 
@@ -80,7 +81,7 @@ def misses(cases):
     for every goal, with an empty list where every shape meets it."""
     out = []
     for column, short_pct, long_pct in GOALS:
-        for limit, span in ((short_pct, "<= 32768 columns"), (long_pct, "> 32768 columns")):
+        for limit, span in ((short_pct, f"<= {SHORT_MAX_COLS} columns"), (long_pct, f"> {SHORT_MAX_COLS} columns")):
             if limit is None:
                 continue
             bad, total = [], 0
@@ -88,7 +89,7 @@ def misses(cases):
                 long_row = cols > SHORT_MAX_COLS
                 if long_row != (span[0] == ">") or column not in results:
                     continue
-                if column in ("online", "naive", "naive_backward") and cols < 32:
+                if column in REFERENCES and cols < REFERENCE_MIN_COLS:
                     continue
                 if rows * cols * _ITEMSIZE.get(dtype, 4) < GOAL_MIN_BYTES:
                     continue
@@ -96,7 +97,8 @@ def misses(cases):
                 pct = results[column]["pct"]
                 if not pct >= limit:  # NaN (no copy bandwidth recorded) misses too
                     bad.append((f"{rows}x{cols}", dtype, f"{pct:.2f}%"))
-            out.append((f"{column} >= {limit}% of copy ({span}, >= 64 MiB): {total - len(bad)} of {total}", bad))
+            out.append((f"{column} >= {limit}% of copy ({span}, >= {GOAL_MIN_BYTES >> 20} MiB): "
+                        f"{total - len(bad)} of {total}", bad))
     for column, peers in RACES:
         bad, total = [], 0
         for (rows, cols, dtype), results in sorted(cases.items(), key=_order):
