@@ -15,7 +15,8 @@ The cases sit on both sides of the rule's edges: below two packs, the floor of 8
 steps, online's widths that the stream takes, float32. They check the plan, every column against
 float64 (the rows' largest values put in columns outside the body), that nothing outside the
 output is written, every offset inside the pack, grids of one and three blocks walking every row,
-the same bits twice, and the output over the input.
+the same bits twice, and the output over the input; and rows of whole packs whose arrays all
+start off a pack boundary.
 """
 
 import os
@@ -114,8 +115,32 @@ def test_passes_straddling(rows, cols, dtype, algo, group):
                 first = bits
             elif not kw:
                 assert bool((bits == first).all()), f"{what}: repeated calls differ"
-        inout = dev[-1].copy()
-        check(algo, call(algo, dev[:-1] + [inout], inout), host, dtype, f"in place {rows}x{cols} {dtype} {algo} seed={g.seed}")
+        inout = dense_at(host[-1], dtype, offset)[1]  # at the same offset as the other input
+        check(algo, call(algo, dev[:-1] + [inout], inout), host, dtype,
+              f"in place {rows}x{cols} {dtype} {algo} offset={offset} seed={g.seed}")
+
+
+@pytest.mark.parametrize("rows,cols,dtype,algo", [(300, 1024, "bfloat16", "online"), (257, 96, "float16", "naive"),
+                                                  (301, 1024, "bfloat16", "naive_backward")])
+def test_passes_straddling_whole_packs_shifted(rows, cols, dtype, algo):
+    """Rows of whole packs whose arrays all start off a pack boundary straddle too: each row's
+    head is the same, and its body ends at the row's end (no columns after it)."""
+    direction = direction_of(algo)
+    plan = _ops.plan((rows, cols), dtype, direction=direction, algo="naive" if algo == "naive_backward" else algo,
+                     aligned=False)
+    if ON:
+        assert plan["family"] == "passes" and plan["straddle"] == 1 and plan["pack"] == pack(dtype), plan
+    else:
+        assert not (plan["family"] == "passes" and plan["straddle"]), plan
+    g = rng()
+    host = inputs(g, rows, cols, dtype, algo)
+    for offset in range(1, pack(dtype)):
+        dev = [dense_at(a, dtype, offset)[1] for a in host]
+        flat, out = dense_at(numpy.full((rows, cols), numpy.nan), dtype, offset, poison=True)
+        what = f"{rows}x{cols} {dtype} {algo} offset={offset} {plan} seed={g.seed}"
+        check(algo, call(algo, dev, out), host, dtype, what)
+        n = written_outside(flat, offset, rows * cols)
+        assert n == 0, f"{what}: {n} elements outside the array written"
 
 
 def test_passes_straddling_off():
@@ -125,6 +150,6 @@ def test_passes_straddling_off():
         pytest.skip("this process is the one with the rule off")
     env = dict(os.environ, PYSOFTMAX_STRADDLE_PASSES="0")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "test_passes_straddling and not off"], env=env, capture_output=True, text=True, timeout=600)
+                           "test_passes_straddling and not straddling_off"], env=env, capture_output=True, text=True, timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
-    assert done.returncode == 0 and f"{len(CASES)} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and f"{len(CASES) + 3} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
