@@ -151,6 +151,7 @@ struct DeviceInfo {
   int straddle_block = kStraddleBlock;   // rows_block straddles 16-bit rows (1), every dtype's (2), none (0)
                                          // (PYSOFTMAX_STRADDLE_BLOCK)
   bool straddle_warp = true;             // rows_warp straddles 16-bit rows (PYSOFTMAX_STRADDLE_WARP)
+  bool straddle_passes = true;           // rows_passes straddles 16-bit rows (PYSOFTMAX_STRADDLE_PASSES)
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
@@ -239,6 +240,7 @@ inline int device_info(DeviceInfo* out) {
   if (const char* sb = getenv("PYSOFTMAX_STRADDLE_BLOCK")) info.straddle_block = atoi(sb);
   // PYSOFTMAX_STRADDLE_WARP, read once a device: "0" rows_warp straddles no row (measurement).
   if (const char* sw = getenv("PYSOFTMAX_STRADDLE_WARP")) info.straddle_warp = !(sw[0] == '0' && !sw[1]);
+  if (const char* sp = getenv("PYSOFTMAX_STRADDLE_PASSES")) info.straddle_passes = !(sp[0] == '0' && !sp[1]);
   // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
   // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
   // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
@@ -296,7 +298,7 @@ struct Plan {
   bool carry = false;     // rows_stream, not resident: the ring runs on across the block's passes and rows (kCarry)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   int ahead = 0;          // rows_passes: steps its first sweep asks of L2 ahead of its loads (sweep_row)
-  bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
+  bool straddle = false;  // kStraddle kernels: the plan is for the rows' aligned bodies (plan_straddling, plan_tile, plan_passes_straddling)
   int tile = 0;           // rows_tile: rows a block stages at a time; its group is `group` lanes (0: the block)
   int fit_sms = 0;        // > 0: launch() caps the grid at the blocks the kernel runs at once on this many SMs
 };
@@ -653,7 +655,7 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
 // `block` is false: the caller streams it instead.
 template <typename Op>
 bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group, bool block, const DeviceInfo& dev,
-                 Plan* out, int steps = 1) {
+                 Plan* out, int steps = 1, int min_group = 1) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
   const int64_t packs = ceil_div(cols, pack);
@@ -674,14 +676,15 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;
   if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
-    p.group = static_cast<int>(std::min<int64_t>(next_pow2(lanes), max_group));
+    p.group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(next_pow2(lanes), min_group), max_group));
     // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps
     // idle (16-bit rows of 384 columns: 12 lanes' worth, 4 lanes of 3 steps, not 16 lanes with a
     // quarter idle), down to kPassesFillGroup lanes and up to kPassesFillSteps steps; ties keep
     // the wider group.
     if (dev.passes_fill > 0) {
       int64_t best = int64_t{p.group} * ceil_div(lanes, p.group);
-      for (int g = p.group / 2; g >= dev.passes_fill && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps); g /= 2) {
+      for (int g = p.group / 2; g >= std::max(dev.passes_fill, min_group) && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps);
+           g /= 2) {
         const int64_t used = int64_t{g} * ceil_div(lanes, g);
         if (used < best) best = used, p.group = g;
       }
@@ -698,6 +701,33 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
     return false;
   }
   *out = p;
+  return true;
+}
+
+// Whether rows_passes has straddling kernels for the op (rows_passes kStraddle): unmasked 16-bit
+// rows; float32 rows read one by one coalesce nearly as well (plan_straddling).
+template <typename Op> constexpr bool passes_straddle() {
+  return Op::kStraddles && sizeof(typename Op::Storage) == 2;
+}
+
+// Reference rows that straddle (rows_passes kStraddle): where the reference algorithms would read
+// rows that may straddle (same_pack_offsets) element by element, in rows_passes or the stream,
+// their bodies, cols - (pack - 1) columns from each row's first pack boundary as the stream's,
+// take the plan an aligned row of that length takes in rows_passes (plan_passes, with the
+// caller's other arguments), in groups of at least pack - 1 lanes: each column outside the body
+// is one lane's. The caller asks first, where it would plan rows_passes or the stream for the
+// rows' element-wise reads. dev.straddle_passes (PYSOFTMAX_STRADDLE_PASSES=0) and dev.straddle
+// turn it off. *body_cols is then the bodies' length, which the op's cols must be. False: the
+// caller plans as before.
+template <typename Op>
+bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_group, bool block, int steps,
+                            bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
+  constexpr int kVec = vec_pack<typename Op::Storage>();
+  if (!passes_straddle<Op>() || !may_straddle || !dev.straddle || !dev.straddle_passes || cols < 2 * kVec) return false;
+  const int64_t body = cols - (kVec - 1);
+  if (!plan_passes<Op>(rows, body, kVec, passes, max_group, block, dev, plan, steps, next_pow2(kVec - 1))) return false;
+  plan->straddle = true;
+  *body_cols = body;
   return true;
 }
 
@@ -925,16 +955,24 @@ int launch_plan(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* 
 template <typename Op, int kPasses, bool kGroups, bool kBlocks>
 int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   constexpr int kVec = vec_pack<typename Op::Storage>();
-  auto with_pack = [&](auto pack) -> int {
+  auto with_pack = [&](auto pack, auto straddle) -> int {
     constexpr int kPack = decltype(pack)::value;
+    constexpr bool kStraddle = decltype(straddle)::value;
     if (p.group == 0) {
-      if constexpr (kBlocks) return launch(rows_passes<Op, kPack, true, kPasses>, "rows_passes", p, s, op, rows, 0, p.ahead);
+      if constexpr (kBlocks)
+        return launch(rows_passes<Op, kPack, true, kPasses, kStraddle>, "rows_passes", p, s, op, rows, 0, p.ahead);
     } else {
-      if constexpr (kGroups) return launch(rows_passes<Op, kPack, false, kPasses>, "rows_passes", p, s, op, rows, p.group, p.ahead);
+      if constexpr (kGroups)
+        return launch(rows_passes<Op, kPack, false, kPasses, kStraddle>, "rows_passes", p, s, op, rows, p.group, p.ahead);
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: no kernel for a group of %d lanes", p.group);
   };
-  return p.pack == kVec ? with_pack(std::integral_constant<int, kVec>()) : with_pack(std::integral_constant<int, 1>());
+  if (p.straddle) {
+    if constexpr (passes_straddle<Op>()) return with_pack(std::integral_constant<int, kVec>(), std::true_type());
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: a straddling plan for rows that do not straddle");
+  }
+  return p.pack == kVec ? with_pack(std::integral_constant<int, kVec>(), std::false_type())
+                        : with_pack(std::integral_constant<int, 1>(), std::false_type());
 }
 
 // ---------------------------------------------------------------------------------------------

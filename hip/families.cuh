@@ -720,6 +720,10 @@ __device__ __forceinline__ void sweep_row(const Op& op, const typename Op::Row& 
 // are references and need not compile one copy a width) takes a row, several rows a block. The
 // loop bound is the warp's first row, so all lanes of a warp run the same trips (the groups'
 // shuffles need the whole warp) and rows past the end ride along as dead rows.
+// kStraddle: rows that start off the pack boundary, as the stream's: op.cols is each row's body,
+// cols - (kPack - 1) columns from its first pack boundary, swept in vector packs; lane t <
+// op.outside (kPack - 1 lanes, which every group the planner gives has) holds the row's t-th
+// column outside it, read once before the passes and held through them, as the stream holds its.
 
 // Packs a lane a step: kRowRegisters values of every array, at most 8, and in groups at most 64
 // bytes (kStagedPacks packs) of each array a lane, so that a warp's load of many short rows touches few lines at a
@@ -731,7 +735,7 @@ template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_un
   return n < 1 ? 1 : n > cap ? cap : n;
 }
 
-template <typename Op, int kPack, bool kBlockRow, int kPasses>
+template <typename Op, int kPack, bool kBlockRow, int kPasses, bool kStraddle = false>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
 void rows_passes(const Op op, int64_t rows, int group, int ahead) {
   using Item = typename Op::Item;
@@ -743,6 +747,7 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead) {
   // other kernel the warming code is compiled out, as its branches slowed element-wise rows.
   constexpr bool kWarm = sizeof(typename Op::Storage) == 2 && kPack > 1 && !kBlockRow;
   static_assert(kPasses == 2 || kPasses == 3, "two or three passes");
+  static_assert(!kStraddle || kPack > 1, "rows_passes: straddling rows are read in vector packs");
   __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   const int width = kBlockRow ? static_cast<int>(blockDim.x) : group;
@@ -759,27 +764,40 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead) {
   for (int64_t k = 0; lead + k < rows; k += stride) {
     const int64_t r = mine + k;
     const bool live = r < rows;
-    const typename Op::Row w = op.row(live ? r : 0);
+    typename Op::Row w = op.row(live ? r : 0);
+    int head = 0;
+    if constexpr (kStraddle) w = op.shift(w, head = op.head(w));
+    // kStraddle: this lane's column outside the body (the pad where it holds none).
+    const bool holds = kStraddle && lane < op.outside;
+    Item beside[1];
+    if constexpr (kStraddle) op.template load<1, 1>(w, outside_column(lane, head, op.cols), live && holds, beside);
     typename Op::Final fin;
     if constexpr (kPasses == 2) {
       Stat st = Op::stat_init();
       sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, kWarm ? ahead : 0);
+      if constexpr (kStraddle) op.template accumulate<1>(st, beside);
       fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
     } else {
       C m = neg_inf<C>();
       sweep(w, live, [&](const Span&, Item* v) { m = MaxOp()(m, tree_reduce<kStep>(v, MaxOp())); }, kWarm ? ahead : 0);
+      if constexpr (kStraddle) m = MaxOp()(m, beside[0]);
       const C ref = safe_ref(reduce(m, MaxOp(), value_scratch));
       C s = 0;
       sweep(w, live, [&](const Span&, Item* v) {
 #pragma unroll
         for (int i = 0; i < kStep; ++i) s += op.exp_of(v[i], ref);
       });
+      if constexpr (kStraddle) s += op.exp_of(beside[0], ref);
       fin = {ref, safe_inverse(reduce(s, SumOp(), value_scratch))};
     }
     sweep(w, live, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       if (live) op.template store<kPack, kUnroll>(w, span, v);
     });
+    if constexpr (kStraddle) {
+      op.template apply<1>(beside, fin);
+      if (live && holds) op.template store<1, 1>(w, outside_column(lane, head, op.cols), beside);
+    }
   }
 }
 

@@ -124,16 +124,30 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
       const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged_row<T>(stream_lanes, pack, dev.warp) ||
                           p.cols <= dev.passes_cols;
+      // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
       on_chip = kOnCluster;
-      if (Op::kMasked || p.chunks || p.threads || !groups ||
-          !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))
+      int64_t body = 0;
+      if (!Op::kMasked && !p.chunks && !p.threads && groups && pack == 1 &&
+          plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &plan, &body)) {
+        op.outside = static_cast<int>(p.cols - body);
+        op.cols = body;
+      } else if (Op::kMasked || p.chunks || p.threads || !groups ||
+                 !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) {
         if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
           return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
+      }
       break;
     }
-    case SOFTMAX_ALGO_NAIVE:
-      plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
+    case SOFTMAX_ALGO_NAIVE: {
+      int64_t body = 0;
+      if (pack == 1 && plan_passes_straddling<Op>(p.rows, p.cols, 3, kMaxGroup, true, 1, straddles, dev, &plan, &body)) {
+        op.outside = static_cast<int>(p.cols - body);
+        op.cols = body;
+      } else {
+        plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
+      }
       break;
+    }
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }

@@ -204,3 +204,13 @@ for dtype in ("float32", "float16"):
              lambda: _ops.forward(x))
         step(f"warp straddling walk {shape} {dtype}", lambda: _ops.forward(x, blocks=1))
         del x
+    # The reference algorithms' straddling rows (rows_passes kStraddle): groups of 8 and 16 lanes,
+    # several steps, naive's block a row; dead rows in the last block, one block walking the rows.
+    for shape in ((13, 99), (67, 1033), (5, 2049)):
+        x = arr(shape, dtype)
+        plan = _ops.plan(x.shape, dtype, algo="naive")
+        step(f"passes straddling naive {shape} {dtype} (group={plan['group']} straddle={plan['straddle']})",
+             lambda: pysoftmax.naive(x))
+        step(f"passes straddling online {shape} {dtype}", lambda: _ops.forward(x, algo=_lib.ALGO_ONLINE, blocks=1))
+        step(f"passes straddling naive_backward {shape} {dtype}", lambda: pysoftmax.naive_backward(x, x))
+        del x
