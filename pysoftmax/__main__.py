@@ -1,4 +1,4 @@
-"""Command line: ``python -m pysoftmax info|bench|plot|gate|hostcost|jaxbench|gpt`` (``bench`` is the main job)."""
+"""Command line: ``python -m pysoftmax info|bench|plot|report|gate|hostcost|jaxbench|gpt`` (``bench`` is the main job)."""
 
 import argparse
 import sys
