@@ -77,8 +77,8 @@ template <typename T> struct BackwardOp {
 
   template <int kPack, int kPacks, typename S>
   __device__ __forceinline__ void prefetch(const Row& w, const S& s, bool live, const Stage& st) const {
-    prefetch_span<T, kPack, kPacks, false, true, true>(w.y, s, s.end, live, st);
-    prefetch_span<T, kPack, kPacks, false, true, true>(w.dy, s, s.end, live, st.at(kPacks));
+    prefetch_span<T, kPack, kPacks>(w.y, s, s.end, live, st);
+    prefetch_span<T, kPack, kPacks>(w.dy, s, s.end, live, st.at(kPacks));
   }
   __device__ __forceinline__ void warm(const Row& w, int64_t c0, int64_t c1, int lane, int width) const {
     warm_span(w.y, c0, c1, lane, width);
@@ -89,8 +89,8 @@ template <typename T> struct BackwardOp {
   __device__ __forceinline__ void load(const Row& w, const S& s, bool live, Item* v, const Stage* st = nullptr) const {
     C a[kPacks * kPack], b[kPacks * kPack];
     const Stage dy_st = st ? st->at(kPacks) : Stage{};
-    load_span<C, T, kPack, kPacks, false, true, true>(w.y, s, s.end, live, a, st);
-    load_span<C, T, kPack, kPacks, false, true, true>(w.dy, s, s.end, live, b, st ? &dy_st : nullptr);
+    load_span<C, T, kPack, kPacks>(w.y, s, s.end, live, a, st);
+    load_span<C, T, kPack, kPacks>(w.dy, s, s.end, live, b, st ? &dy_st : nullptr);
 #pragma unroll
     for (int k = 0; k < kPacks * kPack; ++k) v[k] = {a[k], b[k]};  // pads are (0, 0): no dot product
   }
@@ -106,7 +106,7 @@ template <typename T> struct BackwardOp {
       for (int i = 0; i < kPack; ++i) dx[i] = v[j * kPack + i].y;
       narrow<T, kPack>(dx, out[j]);
     }
-    store_span<T, kPack, kPacks, true, kShared>(w.dx, s, out);
+    store_span<T, kPack, kPacks, false, kShared>(w.dx, s, out);
   }
 
   // The result goes into Item::y (store() reads it from there).
