@@ -731,6 +731,29 @@ bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_grou
   return true;
 }
 
+// naive's rows held a block a row (rows_passes kBlockRow, three passes) split into `chunks` chunks
+// of whole block steps, each a block's in each of three launches (rows_passes kSplit), where the
+// rows are fewer than the SMs: one block a row would leave SMs idle (1 x 16M columns: one SM
+// read the row three times). Those take about kPassesSplitBlocksPerSm blocks an SM in all, of at
+// least kPassesSplitMinSteps steps each (a chunk's reduction and its partial cost a block's
+// set-up; a few steps cover them). `chunks` > 0 (a caller's request) sets the count; the chunks
+// then may be of one step. Plans in groups of lanes, and rows that one chunk covers, are kept.
+constexpr int64_t kPassesSplitBlocksPerSm = 4;
+constexpr int64_t kPassesSplitMinSteps = 4;
+inline void split_passes(int64_t rows, int64_t cols, int64_t chunks, const DeviceInfo& dev, Plan* p) {
+  if (p->family != kPassesFamily || p->group != 0 || p->passes != 3) return;
+  const int64_t step = int64_t{p->threads} * p->packs * p->pack;
+  if (chunks <= 0) {
+    if (rows >= dev.sms) return;
+    chunks = std::min(ceil_div(int64_t{dev.sms} * kPassesSplitBlocksPerSm, rows), ceil_div(cols, kPassesSplitMinSteps * step));
+  }
+  const int64_t chunk_cols = round_up(ceil_div(cols, std::max<int64_t>(chunks, 1)), step);
+  if (ceil_div(cols, chunk_cols) <= 1) return;
+  p->chunk_cols = chunk_cols;
+  p->chunks = ceil_div(cols, chunk_cols);
+  p->blocks = walking_grid(rows * p->chunks, dev);
+}
+
 // A requested grid cap (softmax_problem.blocks), kept a whole number of clusters.
 inline void cap_blocks(Plan* p, int cap) {
   const int64_t unit = p->grid ? p->chunks : p->cluster;  // blocks that share a row
@@ -742,7 +765,8 @@ inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_byt
     const int64_t groups = p.blocks / p.chunks;
     return 2 * groups * p.chunks * static_cast<int64_t>(stat_bytes) + groups * static_cast<int64_t>(sizeof(unsigned));
   }
-  const bool split = p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 && p.cluster == 1;  // two launches
+  // The stream's two launches, and rows_passes' three (split_passes): a statistic a chunk.
+  const bool split = (p.family == SOFTMAX_FAMILY_STREAM || p.family == kPassesFamily) && p.chunks > 1 && p.cluster == 1;
   return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
 }
 
@@ -951,19 +975,32 @@ int launch_plan(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* 
 }
 
 // rows_passes for the plan's group (0: the block a row) and `kPasses`; kGroups/kBlocks: whether
-// the caller's plans take groups of lanes / whole blocks (the others are not compiled).
+// the caller's plans take groups of lanes / whole blocks (the others are not compiled). A split
+// plan (chunks > 1, naive's: split_passes) is three launches, one a pass, through `ws`.
 template <typename Op, int kPasses, bool kGroups, bool kBlocks>
-int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
+int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* ws = nullptr) {
   constexpr int kVec = vec_pack<typename Op::Storage>();
+  using Stat = typename Op::Stat;
   auto with_pack = [&](auto pack, auto straddle) -> int {
     constexpr int kPack = decltype(pack)::value;
     constexpr bool kStraddle = decltype(straddle)::value;
     if (p.group == 0) {
+      if constexpr (kBlocks && kPasses == 3) {
+        if (p.chunks > 1) {
+          for (int phase = 0; phase < 3; ++phase)
+            if (int st = launch(rows_passes<Op, kPack, true, kPasses, kStraddle, true>, "rows_passes (split)", p, s, op,
+                                rows, 0, 0, p.chunks, p.chunk_cols, phase, static_cast<Stat*>(ws)))
+              return st;
+          return SOFTMAX_OK;
+        }
+      }
       if constexpr (kBlocks)
-        return launch(rows_passes<Op, kPack, true, kPasses, kStraddle>, "rows_passes", p, s, op, rows, 0, p.ahead);
+        return launch(rows_passes<Op, kPack, true, kPasses, kStraddle>, "rows_passes", p, s, op, rows, 0, p.ahead,
+                      int64_t{1}, int64_t{0}, 0, static_cast<Stat*>(nullptr));
     } else {
       if constexpr (kGroups)
-        return launch(rows_passes<Op, kPack, false, kPasses, kStraddle>, "rows_passes", p, s, op, rows, p.group, p.ahead);
+        return launch(rows_passes<Op, kPack, false, kPasses, kStraddle>, "rows_passes", p, s, op, rows, p.group, p.ahead,
+                      int64_t{1}, int64_t{0}, 0, static_cast<Stat*>(nullptr));
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: no kernel for a group of %d lanes", p.group);
   };

@@ -3,7 +3,8 @@
 //   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length
 //   online  rows_passes (short unmasked rows, in groups of lanes) or rows_stream: running
 //           (max, sum), then normalise; the stream splits rows across blocks for few rows
-//   naive   rows_passes: max, sum, normalise, each a read of the row
+//   naive   rows_passes: max, sum, normalise, each a read of the row; rows fewer than the SMs
+//           split into chunks of a block each, a launch a pass (split_passes)
 // Reads x (and the mask) and writes out once, except rows_stream (x twice, unless resident) and
 // rows_passes (x twice or three times). All launches go on `stream`.
 #include <limits>
@@ -146,6 +147,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       } else {
         plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
       }
+      split_passes(p.rows, op.cols, p.chunks, dev, &plan);
       break;
     }
     default:
@@ -179,7 +181,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       }
       if (op.mask || op.causal_queries.d)
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
-      return launch_passes<Op, 3, true, true>(op, p.rows, plan, stream);
+      return launch_passes<Op, 3, true, true>(op, p.rows, plan, stream, p.workspace);
     }
   }
   return launch_plan(op, p.rows, plan, stream, p.workspace);

@@ -363,6 +363,47 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
       }
 }
 
+// split_passes over naive's plans (plan_passes with three passes and the block, or its
+// straddling body's): automatic, it splits exactly the block-a-row plans of fewer rows than SMs
+// whose rows take more than one chunk; a requested count splits every block-a-row plan whose rows
+// take more than one block step. A split plan's chunks are whole block steps that cover the row,
+// none empty, over a grid walking every chunk, with a statistic a chunk of workspace; automatic
+// chunks are over two steps long.
+template <typename Op> void check_passes_split(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  const DeviceInfo dev = described(stage_bytes, max_cluster);
+  for (int64_t cols = 1; cols <= 40000000; cols += cols < 70000 ? 331 : cols < 2000000 ? 49999 : 1999993)
+    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{131}, int64_t{132}, int64_t{1000}})
+      for (int pack : {kVec, 1})
+        for (int64_t asked : {int64_t{0}, int64_t{3}, int64_t{1000}}) {
+          Plan p;
+          int64_t body = cols;
+          if (!(pack == 1 && plan_passes_straddling<Op>(rows, cols, 3, kMaxGroup, true, 1, true, dev, &p, &body)))
+            plan_passes<Op>(rows, cols, pack, 3, kMaxGroup, true, dev, &p);
+          const Plan before = p;
+          split_passes(rows, body, asked, dev, &p);
+          ++plans;
+          const int64_t step = int64_t{before.threads} * before.packs * before.pack;
+          const bool block = before.group == 0;
+          const bool wanted = block && (asked > 0 ? body > step : rows < dev.sms && p.chunks > 1);
+          if (p.chunks > 1 != wanted || (!block && p.chunks != 1) || (asked == 0 && rows >= dev.sms && p.chunks != 1)) {
+            report(op, "naive's rows split where they should not, or not where they should", 0, pack, 0, cols, p);
+            continue;
+          }
+          if (p.chunks == 1) {
+            if (p.blocks != before.blocks || p.chunk_cols != before.chunk_cols || plan_workspace_bytes(p, rows, sizeof(typename Op::Stat)))
+              report(op, "an unsplit naive plan changed", 0, pack, 0, cols, p);
+            continue;
+          }
+          if (p.chunk_cols % step || p.chunks * p.chunk_cols < body || (p.chunks - 1) * p.chunk_cols >= body ||
+              p.blocks != walking_grid(rows * p.chunks, dev) || p.threads != before.threads || p.packs != before.packs ||
+              plan_workspace_bytes(p, rows, sizeof(typename Op::Stat)) != rows * p.chunks * int64_t{sizeof(typename Op::Stat)} ||
+              (asked == 0 && p.chunk_cols <= 2 * step))
+            report(op, "split naive plan malformed", 0, pack, 0, cols, p);
+        }
+}
+
 // PYSOFTMAX_CARRY=0 (dev.carry false): no plan carries its ring, each ring within its chunk; the
 // carried plans differ from those only in the ring (carry, held, stage), not in their grid.
 template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes, int max_cluster) {
@@ -413,6 +454,8 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check_passes_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling passes forward+float mask %s", name);
   check_passes_straddling<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "split passes forward %s", name);
+  check_passes_split<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling passes backward %s", name);
   check_passes_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "tiled backward %s", name);
