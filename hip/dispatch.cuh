@@ -734,10 +734,11 @@ bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_grou
 // naive's rows held a block a row (rows_passes kBlockRow, three passes) split into `chunks` chunks
 // of whole block steps, each a block's in each of three launches (rows_passes kSplit), where the
 // rows are fewer than the SMs: one block a row would leave SMs idle (1 x 16M columns: one SM
-// read the row three times). Those take about kPassesSplitBlocksPerSm blocks an SM in all, of at
-// least kPassesSplitMinSteps steps each (a chunk's reduction and its partial cost a block's
-// set-up; a few steps cover them). `chunks` > 0 (a caller's request) sets the count; the chunks
-// then may be of one step. Plans in groups of lanes, and rows that one chunk covers, are kept.
+// read the row three times). Rows of more than kPassesSplitMinSteps steps split, into about
+// kPassesSplitBlocksPerSm blocks an SM in all, each chunk more than half that many steps (a
+// chunk's reduction and its partial cost a block's set-up; a few steps cover them), the last
+// chunk what is left. `chunks` > 0 (a caller's request) sets the count, at most a step a chunk.
+// Plans in groups of lanes, and rows that one chunk covers, are kept.
 constexpr int64_t kPassesSplitBlocksPerSm = 4;
 constexpr int64_t kPassesSplitMinSteps = 4;
 inline void split_passes(int64_t rows, int64_t cols, int64_t chunks, const DeviceInfo& dev, Plan* p) {
@@ -747,6 +748,7 @@ inline void split_passes(int64_t rows, int64_t cols, int64_t chunks, const Devic
     if (rows >= dev.sms) return;
     chunks = std::min(ceil_div(int64_t{dev.sms} * kPassesSplitBlocksPerSm, rows), ceil_div(cols, kPassesSplitMinSteps * step));
   }
+  chunks = std::min(chunks, ceil_div(cols, step));  // (a huge request would overflow below)
   const int64_t chunk_cols = round_up(ceil_div(cols, std::max<int64_t>(chunks, 1)), step);
   if (ceil_div(cols, chunk_cols) <= 1) return;
   p->chunk_cols = chunk_cols;

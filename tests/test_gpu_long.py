@@ -422,32 +422,44 @@ def sms():
 @pytest.mark.parametrize("rows,cols,dtype,kw", SPLIT)
 def test_naive_split_rows(rows, cols, dtype, kw):
     """naive over rows split across blocks: each row against float64 in a poisoned output (every
-    chunk written, the columns outside a straddling body too), and the same bits twice: the
-    partials are merged in one order."""
+    chunk written, the columns outside a straddling body once: each row's first and last columns
+    hold its largest values, which would swamp the sum were they counted by every chunk), and the
+    same bits twice, from a grid of 3 blocks walking the chunks, and in place: the partials are
+    merged in one order."""
     g = rng()
     chunks = kw.get("chunks", 0)
-    plan = _ops.plan((rows, cols), dtype, algo="naive", chunks=chunks)
-    assert plan["family"] == "passes" and plan["passes"] == 3 and plan["group"] == 0 and plan["chunks"] > 1, plan
-    assert plan["workspace"] == rows * plan["chunks"] * 2 * (8 if dtype == "float64" else 4), plan
-    if chunks:
-        assert plan["chunks"] == chunks, plan
-    x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
-    x = to_device(x64, dtype)
     scale = kw.get("scale", 1.0)
-    what = f"naive {rows}x{cols} {dtype} {kw} {plan} seed={g.seed}"
-    y1 = _ops.forward(x, algo=ALGOS["naive"], scale=scale, chunks=chunks, out=poisoned((rows, cols), dtype))
-    assert_close(to_host64(y1), ref_softmax(x64, scale), dtype, what)
-    y2 = _ops.forward(x, algo=ALGOS["naive"], scale=scale, chunks=chunks, out=poisoned((rows, cols), dtype))
+    if scale == 1.0:  # plan() plans the folded scale's kernels, not the additive kind's
+        plan = _ops.plan((rows, cols), dtype, algo="naive", chunks=chunks)
+        assert plan["family"] == "passes" and plan["passes"] == 3 and plan["group"] == 0 and plan["chunks"] > 1, plan
+        assert plan["workspace"] == rows * plan["chunks"] * 2 * (8 if dtype == "float64" else 4), plan
+        if chunks:
+            assert plan["chunks"] == chunks, plan
+    x64 = g.standard_normal((rows, cols)) * 3
+    x64[:, 0] = x64[:, -1] = 10.0 / scale
+    x64 = rounded(x64, dtype)
+    x = to_device(x64, dtype)
+    what = f"naive {rows}x{cols} {dtype} {kw} seed={g.seed}"
+    naive = ALGOS["naive"]
+    y1 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, out=poisoned((rows, cols), dtype))
+    ref = ref_softmax(x64, scale)
+    assert_close(to_host64(y1), ref, dtype, what)
     words = cupy.uint64 if dtype == "float64" else cupy.uint32 if dtype == "float32" else cupy.uint16
+    y2 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, out=poisoned((rows, cols), dtype))
     assert bool((y1.view(words) == y2.view(words)).all()), f"{what}: repeated calls differ"
+    y3 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, blocks=3, out=poisoned((rows, cols), dtype))
+    assert bool((y1.view(words) == y3.view(words)).all()), f"{what}: 3 blocks walking the chunks differ"
+    y4 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, out=x)
+    assert y4 is x and bool((y1.view(words) == y4.view(words)).all()), f"{what}: in place differs"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_naive_split_at_the_sm_count(dtype):
     """Automatic splits only where the rows are fewer than the SMs: one row fewer is split and
     right, as many rows as SMs keep a block a row. Rows whose chunks hold -inf only, rows that are
-    -inf throughout (zeros, as every algorithm returns), and a row whose max sits in its last
-    chunk, in a view one element into wider rows with the poison around it kept."""
+    -inf throughout (zeros, as every algorithm returns), and rows whose max sits in a column
+    outside a straddling body, in a view one element into wider rows with the poison around it
+    kept."""
     g = rng()
     n = sms()
     cols = 70001
@@ -456,9 +468,9 @@ def test_naive_split_at_the_sm_count(dtype):
     plan = _ops.plan((rows, cols), dtype, algo="naive", aligned=False)
     assert plan["chunks"] > 1, plan
     x64 = g.standard_normal((rows, cols)) * 3
-    x64[1, : cols // 2] = -numpy.inf  # the first chunks -inf only
+    x64[1, : 3 * cols // 4] = -numpy.inf  # the first chunk, or chunks, -inf only
     x64[2] = -numpy.inf
-    x64[3, -5] = 40.0
+    x64[3, 0] = x64[4, -1] = 40.0  # 16-bit: columns outside the straddling bodies (rows 3, 4 start 4 and 5 elements past a pack)
     x64 = rounded(x64, dtype)
     width = cols + 16
     x = to_device(numpy.pad(x64, ((0, 0), (1, width - cols - 1))), dtype)[:, 1:1 + cols]

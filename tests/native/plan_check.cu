@@ -365,8 +365,8 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
 
 // split_passes over naive's plans (plan_passes with three passes and the block, or its
 // straddling body's): automatic, it splits exactly the block-a-row plans of fewer rows than SMs
-// whose rows take more than one chunk; a requested count splits every block-a-row plan whose rows
-// take more than one block step. A split plan's chunks are whole block steps that cover the row,
+// whose rows take more than kPassesSplitMinSteps block steps; a requested count splits every
+// block-a-row plan whose rows take more than one block step. A split plan's chunks are whole block steps that cover the row,
 // none empty, over a grid walking every chunk, with a statistic a chunk of workspace; automatic
 // chunks are over two steps long.
 template <typename Op> void check_passes_split(const char* op, int64_t stage_bytes, int max_cluster) {
@@ -376,7 +376,7 @@ template <typename Op> void check_passes_split(const char* op, int64_t stage_byt
   for (int64_t cols = 1; cols <= 40000000; cols += cols < 70000 ? 331 : cols < 2000000 ? 49999 : 1999993)
     for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{131}, int64_t{132}, int64_t{1000}})
       for (int pack : {kVec, 1})
-        for (int64_t asked : {int64_t{0}, int64_t{3}, int64_t{1000}}) {
+        for (int64_t asked : {int64_t{0}, int64_t{3}, int64_t{1000}, INT64_MAX}) {
           Plan p;
           int64_t body = cols;
           if (!(pack == 1 && plan_passes_straddling<Op>(rows, cols, 3, kMaxGroup, true, 1, true, dev, &p, &body)))
@@ -386,7 +386,7 @@ template <typename Op> void check_passes_split(const char* op, int64_t stage_byt
           ++plans;
           const int64_t step = int64_t{before.threads} * before.packs * before.pack;
           const bool block = before.group == 0;
-          const bool wanted = block && (asked > 0 ? body > step : rows < dev.sms && p.chunks > 1);
+          const bool wanted = block && (asked > 0 ? body > step : rows < dev.sms && body > kPassesSplitMinSteps * step);
           if (p.chunks > 1 != wanted || (!block && p.chunks != 1) || (asked == 0 && rows >= dev.sms && p.chunks != 1)) {
             report(op, "naive's rows split where they should not, or not where they should", 0, pack, 0, cols, p);
             continue;
