@@ -316,7 +316,7 @@ inline int64_t warp_row_sets(const Plan& p, int64_t rows) {
 inline int64_t walking_grid(int64_t sets, const DeviceInfo& dev) {
   return std::min<int64_t>(sets, int64_t{dev.sms} * kMaxBlocksPerSm);
 }
-inline int next_pow2(int64_t v) {
+constexpr int next_pow2(int64_t v) {
   int p = 1;
   while (p < v) p *= 2;
   return p;
@@ -717,15 +717,20 @@ template <typename Op> constexpr bool passes_straddle() {
 // caller's other arguments), in groups of at least pack - 1 lanes: each column outside the body
 // is one lane's. The caller asks first, where it would plan rows_passes or the stream for the
 // rows' element-wise reads. dev.straddle_passes (PYSOFTMAX_STRADDLE_PASSES=0) and dev.straddle
-// turn it off. *body_cols is then the bodies' length, which the op's cols must be. False: the
-// caller plans as before.
+// turn it off. Bodies of fewer lanes than that floor keep the element-wise plans: a group widened
+// for the outside columns alone leaves most of its lanes idle, and ran slower than element-wise
+// rows (docs/TUNING.md, "plan_passes_straddling").
+// *body_cols is then the bodies' length, which the op's cols must be. False: the caller plans as
+// before.
 template <typename Op>
 bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_group, bool block, int steps,
                             bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
   constexpr int kVec = vec_pack<typename Op::Storage>();
+  constexpr int kFloor = next_pow2(kVec - 1);
   if (!passes_straddle<Op>() || !may_straddle || !dev.straddle || !dev.straddle_passes || cols < 2 * kVec) return false;
   const int64_t body = cols - (kVec - 1);
-  if (!plan_passes<Op>(rows, body, kVec, passes, max_group, block, dev, plan, steps, next_pow2(kVec - 1))) return false;
+  if (ceil_div(ceil_div(body, kVec), passes_unroll<Op, kVec, false>()) < kFloor) return false;
+  if (!plan_passes<Op>(rows, body, kVec, passes, max_group, block, dev, plan, steps, kFloor)) return false;
   plan->straddle = true;
   *body_cols = body;
   return true;
@@ -733,19 +738,21 @@ bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_grou
 
 // naive's rows held a block a row (rows_passes kBlockRow, three passes) split into `chunks` chunks
 // of whole block steps, each a block's in each of three launches (rows_passes kSplit), where the
-// rows are fewer than the SMs: one block a row would leave SMs idle (1 x 16M columns: one SM
-// read the row three times). Rows of more than kPassesSplitMinSteps steps split, into about
+// SMs are at least kPassesSplitSmsPerRow a row: one block a row would leave most SMs idle (one
+// SM read a single row three times); with more rows than that, the split's two more launches and
+// its partials cost more than the idle SMs (docs/TUNING.md, "split_passes"). Rows of more than kPassesSplitMinSteps steps split, into about
 // kPassesSplitBlocksPerSm blocks an SM in all, each chunk more than half that many steps (a
 // chunk's reduction and its partial cost a block's set-up; a few steps cover them), the last
 // chunk what is left. `chunks` > 0 (a caller's request) sets the count, at most a step a chunk.
 // Plans in groups of lanes, and rows that one chunk covers, are kept.
 constexpr int64_t kPassesSplitBlocksPerSm = 4;
 constexpr int64_t kPassesSplitMinSteps = 4;
+constexpr int64_t kPassesSplitSmsPerRow = 2;
 inline void split_passes(int64_t rows, int64_t cols, int64_t chunks, const DeviceInfo& dev, Plan* p) {
   if (p->family != kPassesFamily || p->group != 0 || p->passes != 3) return;
   const int64_t step = int64_t{p->threads} * p->packs * p->pack;
   if (chunks <= 0) {
-    if (rows >= dev.sms) return;
+    if (rows * kPassesSplitSmsPerRow > dev.sms) return;
     chunks = std::min(ceil_div(int64_t{dev.sms} * kPassesSplitBlocksPerSm, rows), ceil_div(cols, kPassesSplitMinSteps * step));
   }
   chunks = std::min(chunks, ceil_div(cols, step));  // (a huge request would overflow below)

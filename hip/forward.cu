@@ -3,7 +3,7 @@
 //   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length
 //   online  rows_passes (short unmasked rows, in groups of lanes) or rows_stream: running
 //           (max, sum), then normalise; the stream splits rows across blocks for few rows
-//   naive   rows_passes: max, sum, normalise, each a read of the row; rows fewer than the SMs
+//   naive   rows_passes: max, sum, normalise, each a read of the row; rows at most half the SMs
 //           split into chunks of a block each, a launch a pass (split_passes)
 // Reads x (and the mask) and writes out once, except rows_stream (x twice, unless resident) and
 // rows_passes (x twice or three times). All launches go on `stream`.

@@ -65,10 +65,10 @@ def test_reference_algorithms(algo, cols, dtype):
 # sides of each width, widths where the fill rule takes a narrower group over more steps (160,
 # 320, 384, 640, 768), both sides of the ragged rows' three steps (float32 1536, 16-bit 3072) and
 # of naive's four idle group lanes (float32 1472: 92 group lanes, in groups; 1488: 93, a block).
-# 16-bit rows of an odd width from two packs on straddle (plan_passes_straddling): their bodies,
-# cols - 7 columns, take an aligned row's plan in groups of at least 8 lanes.
-PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 160, 255, 256, 257, 320, 384, 511, 512, 513, 640,
-               768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
+# 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
+# (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes.
+PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 231, 233, 255, 256, 257, 320, 384,
+               511, 512, 513, 640, 768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
 
 
 def filled_group(lanes, steps, floor=1):
@@ -101,11 +101,14 @@ def ahead_of(lanes, group, item, vec):
     return int(os.environ.get("PYSOFTMAX_PASSES_AHEAD", "1")) if item == 2 and vec and group and lanes > group else 0
 
 
-def straddles_passes(cols, item):
+def straddles_passes(cols, item, inputs=1):
     """Whether a contiguous row of `cols` takes rows_passes' straddling plan: 16-bit, an odd
-    width (not whole packs), two packs or more, the rule on (PYSOFTMAX_STRADDLE_PASSES)."""
+    width (not whole packs), two packs or more, a body (cols - 7) of at least 8 lanes of the
+    groups' packs a lane (4 for one input array, 2 for naive_backward's two), the rule on
+    (PYSOFTMAX_STRADDLE_PASSES)."""
     on = os.environ.get("PYSOFTMAX_STRADDLE_PASSES", "1") != "0" and os.environ.get("PYSOFTMAX_STRADDLE", "1") != "0"
-    return on and item == 2 and cols * item % 16 != 0 and cols >= 16
+    lanes = -(-(-(-(cols - 7) // 8)) // (4 // inputs))
+    return on and item == 2 and cols * item % 16 != 0 and cols >= 16 and lanes >= 8
 
 
 def passes_plan(algo, cols, dtype):
@@ -154,7 +157,7 @@ def naive_backward_plan(cols, dtype):
     `cols`: groups of lanes up to two steps of a full group for vector rows (three for ragged
     ones), one for element-wise ones (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
-    straddle = straddles_passes(cols, item)
+    straddle = straddles_passes(cols, item, inputs=2)
     if straddle:  # the body's plan, in vector packs
         cols -= 16 // item - 1
     vec = straddle or cols * item % 16 == 0

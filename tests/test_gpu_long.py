@@ -398,9 +398,10 @@ def test_stream_ring_across_rows(dtype, cols):
     assert bool((bits[base:] == cupy.tile(bits[:base], (reps - 1, 1))[:rows - base]).all()), what
 
 
-# naive's few long rows (hip/dispatch.cuh, split_passes; rows_passes kSplit): fewer rows than SMs,
-# each split into chunks of whole block steps, a block a chunk in each of three launches (max, sum
-# of exponentials about the row's max, normalise), through a statistic a chunk of workspace.
+# naive's few long rows (hip/dispatch.cuh, split_passes; rows_passes kSplit): at most half as many
+# rows as SMs, each split into chunks of whole block steps, a block a chunk in each of three
+# launches (max, sum of exponentials about the row's max, normalise), through a statistic a chunk
+# of workspace.
 # (rows, cols, dtype, kw): a row of 2^24 + 1 read element by element (float32), a 16-bit row of
 # 2^24, odd 16-bit rows (straddling bodies; the columns outside them chunk 0's), odd float32 rows,
 # float64, a scale that does not fold (the additive kind's kernels), a chunk count asked for.
@@ -455,16 +456,16 @@ def test_naive_split_rows(rows, cols, dtype, kw):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_naive_split_at_the_sm_count(dtype):
-    """Automatic splits only where the rows are fewer than the SMs: one row fewer is split and
-    right, as many rows as SMs keep a block a row. Rows whose chunks hold -inf only, rows that are
+    """Automatic splits only where the rows are at most half the SMs: half is split and right,
+    one row more keeps a block a row. Rows whose chunks hold -inf only, rows that are
     -inf throughout (zeros, as every algorithm returns), and rows whose max sits in a column
     outside a straddling body, in a view one element into wider rows with the poison around it
     kept."""
     g = rng()
     n = sms()
     cols = 70001
-    assert _ops.plan((n, cols), dtype, algo="naive")["chunks"] == 1
-    rows = n - 1
+    assert _ops.plan((n // 2 + 1, cols), dtype, algo="naive")["chunks"] == 1
+    rows = n // 2
     plan = _ops.plan((rows, cols), dtype, algo="naive", aligned=False)
     assert plan["chunks"] > 1, plan
     x64 = g.standard_normal((rows, cols)) * 3

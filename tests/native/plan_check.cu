@@ -335,7 +335,9 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
         int64_t body = -1;
         const bool took = plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, dev, &p, &body);
         ++plans;
-        const bool wanted = Op::kStraddles && sizeof(T) == 2 && cols >= 2 * kVec;
+        // Bodies of at least 8 lanes (kVec - 1 rounded up) of the groups' packs a lane.
+        const int64_t body_lanes = (cols - (kVec - 1) + kVec * passes_unroll<Op, kVec, false>() - 1) / (kVec * passes_unroll<Op, kVec, false>());
+        const bool wanted = Op::kStraddles && sizeof(T) == 2 && cols >= 2 * kVec && body_lanes >= 8;
         Plan q;
         const bool body_plans = wanted && plan_passes<Op>(rows, cols - (kVec - 1), kVec, c.passes, kMaxGroup, c.block, dev, &q, c.steps,
                                                           next_pow2(kVec - 1));
@@ -364,7 +366,7 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
 }
 
 // split_passes over naive's plans (plan_passes with three passes and the block, or its
-// straddling body's): automatic, it splits exactly the block-a-row plans of fewer rows than SMs
+// straddling body's): automatic, it splits exactly the block-a-row plans of at most half as many rows as SMs
 // whose rows take more than kPassesSplitMinSteps block steps; a requested count splits every
 // block-a-row plan whose rows take more than one block step. A split plan's chunks are whole block steps that cover the row,
 // none empty, over a grid walking every chunk, with a statistic a chunk of workspace; automatic
@@ -374,7 +376,7 @@ template <typename Op> void check_passes_split(const char* op, int64_t stage_byt
   constexpr int kVec = vec_pack<T>();
   const DeviceInfo dev = described(stage_bytes, max_cluster);
   for (int64_t cols = 1; cols <= 40000000; cols += cols < 70000 ? 331 : cols < 2000000 ? 49999 : 1999993)
-    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{131}, int64_t{132}, int64_t{1000}})
+    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{66}, int64_t{67}, int64_t{131}, int64_t{1000}})
       for (int pack : {kVec, 1})
         for (int64_t asked : {int64_t{0}, int64_t{3}, int64_t{1000}, INT64_MAX}) {
           Plan p;
@@ -386,8 +388,9 @@ template <typename Op> void check_passes_split(const char* op, int64_t stage_byt
           ++plans;
           const int64_t step = int64_t{before.threads} * before.packs * before.pack;
           const bool block = before.group == 0;
-          const bool wanted = block && (asked > 0 ? body > step : rows < dev.sms && body > kPassesSplitMinSteps * step);
-          if (p.chunks > 1 != wanted || (!block && p.chunks != 1) || (asked == 0 && rows >= dev.sms && p.chunks != 1)) {
+          // Automatic splits where the rows are at most half the SMs (66 of the 132 described).
+          const bool wanted = block && (asked > 0 ? body > step : rows <= 66 && body > kPassesSplitMinSteps * step);
+          if (p.chunks > 1 != wanted || (!block && p.chunks != 1) || (asked == 0 && rows > 66 && p.chunks != 1)) {
             report(op, "naive's rows split where they should not, or not where they should", 0, pack, 0, cols, p);
             continue;
           }
