@@ -334,9 +334,10 @@ def test_block_to_resident_stream(dtype):
 
 def test_register_grid():
     """rows_warp and rows_block launch a block for every set of rows where the op asks for it
-    (unmasked forward, float32 backward, rows_block with a boolean mask and no causal limit) in
-    blocks of up to 256 threads; otherwise at most 32 blocks an SM walk the rows. A full grid
-    stops short of 2^31 threads, and its blocks walk the rows left."""
+    (unmasked forward, float32 backward, the 16-bit backward's rows_block, rows_block with a
+    boolean mask and no causal limit) in blocks of up to 256 threads; otherwise at most 32 blocks
+    an SM walk the rows. A full grid stops short of 2^31 threads, and its blocks walk the rows
+    left."""
     cap = 32 * sms()
     rows = 1 << 20
     per_block = lambda p: p["threads"] // p["group"] * p["rows_per_group"]
@@ -346,6 +347,8 @@ def test_register_grid():
     assert bwd32["blocks"] == rows // per_block(bwd32), bwd32
     bwd16 = _ops.plan((rows, 128), "float16", direction="backward")
     assert bwd16["family"] == "warp" and bwd16["blocks"] == cap, bwd16
+    bwd16_block = _ops.plan((rows, 2048), "bfloat16", direction="backward")
+    assert bwd16_block["family"] == "block" and bwd16_block["blocks"] == rows, bwd16_block
     block = _ops.plan((rows, 2048), "float32")
     assert block["family"] == "block" and block["threads"] <= 256 and block["blocks"] == rows, block
     wide = _ops.plan((rows, 16384), "float16")  # 512 threads a row
