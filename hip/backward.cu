@@ -45,12 +45,20 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes (vector rows up to kNaiveBackwardGroupSteps steps of a full
     // group, element-wise ones one), unless a chunk count or block size asks for the stream.
+    // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
     on_chip = kOffChip;
-    if ((p.chunks || p.threads ||
-         !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan,
-                                     pack > 1 ? kNaiveBackwardGroupSteps : 1)) &&
-        !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, on_chip))
+    int64_t body = 0;
+    if (!p.chunks && !p.threads && pack == 1 &&
+        plan_passes_straddling<BackwardOp<T>>(p.rows, p.cols, 2, kMaxGroup, false, kNaiveBackwardGroupSteps, straddles,
+                                              dev, &plan, &body)) {
+      op.outside = static_cast<int>(p.cols - body);
+      op.cols = body;
+    } else if ((p.chunks || p.threads ||
+                !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan,
+                                            pack > 1 ? kNaiveBackwardGroupSteps : 1)) &&
+               !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, on_chip)) {
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
+    }
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }

@@ -151,6 +151,7 @@ struct DeviceInfo {
   int straddle_block = kStraddleBlock;   // rows_block straddles 16-bit rows (1), every dtype's (2), none (0)
                                          // (PYSOFTMAX_STRADDLE_BLOCK)
   bool straddle_warp = true;             // rows_warp straddles 16-bit rows (PYSOFTMAX_STRADDLE_WARP)
+  bool straddle_passes = true;           // rows_passes straddles 16-bit rows (PYSOFTMAX_STRADDLE_PASSES)
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
@@ -239,6 +240,7 @@ inline int device_info(DeviceInfo* out) {
   if (const char* sb = getenv("PYSOFTMAX_STRADDLE_BLOCK")) info.straddle_block = atoi(sb);
   // PYSOFTMAX_STRADDLE_WARP, read once a device: "0" rows_warp straddles no row (measurement).
   if (const char* sw = getenv("PYSOFTMAX_STRADDLE_WARP")) info.straddle_warp = !(sw[0] == '0' && !sw[1]);
+  if (const char* sp = getenv("PYSOFTMAX_STRADDLE_PASSES")) info.straddle_passes = !(sp[0] == '0' && !sp[1]);
   // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
   // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
   // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
@@ -296,7 +298,7 @@ struct Plan {
   bool carry = false;     // rows_stream, not resident: the ring runs on across the block's passes and rows (kCarry)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
   int ahead = 0;          // rows_passes: steps its first sweep asks of L2 ahead of its loads (sweep_row)
-  bool straddle = false;  // rows_stream kStraddle: the plan is for the rows' aligned bodies (plan_straddling)
+  bool straddle = false;  // kStraddle kernels: the plan is for the rows' aligned bodies (plan_straddling, plan_tile, plan_passes_straddling)
   int tile = 0;           // rows_tile: rows a block stages at a time; its group is `group` lanes (0: the block)
   int fit_sms = 0;        // > 0: launch() caps the grid at the blocks the kernel runs at once on this many SMs
 };
@@ -314,7 +316,7 @@ inline int64_t warp_row_sets(const Plan& p, int64_t rows) {
 inline int64_t walking_grid(int64_t sets, const DeviceInfo& dev) {
   return std::min<int64_t>(sets, int64_t{dev.sms} * kMaxBlocksPerSm);
 }
-inline int next_pow2(int64_t v) {
+constexpr int next_pow2(int64_t v) {
   int p = 1;
   while (p < v) p *= 2;
   return p;
@@ -653,7 +655,7 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
 // `block` is false: the caller streams it instead.
 template <typename Op>
 bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group, bool block, const DeviceInfo& dev,
-                 Plan* out, int steps = 1) {
+                 Plan* out, int steps = 1, int min_group = 1) {
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
   const int64_t packs = ceil_div(cols, pack);
@@ -674,14 +676,15 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;
   if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
-    p.group = static_cast<int>(std::min<int64_t>(next_pow2(lanes), max_group));
+    p.group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(next_pow2(lanes), min_group), max_group));
     // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps
     // idle (16-bit rows of 384 columns: 12 lanes' worth, 4 lanes of 3 steps, not 16 lanes with a
     // quarter idle), down to kPassesFillGroup lanes and up to kPassesFillSteps steps; ties keep
     // the wider group.
     if (dev.passes_fill > 0) {
       int64_t best = int64_t{p.group} * ceil_div(lanes, p.group);
-      for (int g = p.group / 2; g >= dev.passes_fill && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps); g /= 2) {
+      for (int g = p.group / 2; g >= std::max(dev.passes_fill, min_group) && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps);
+           g /= 2) {
         const int64_t used = int64_t{g} * ceil_div(lanes, g);
         if (used < best) best = used, p.group = g;
       }
@@ -701,6 +704,65 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   return true;
 }
 
+// Whether rows_passes has straddling kernels for the op (rows_passes kStraddle): unmasked 16-bit
+// rows; float32 rows read one by one coalesce nearly as well (plan_straddling).
+template <typename Op> constexpr bool passes_straddle() {
+  return Op::kStraddles && sizeof(typename Op::Storage) == 2;
+}
+
+// Reference rows that straddle (rows_passes kStraddle): where the reference algorithms would read
+// rows that may straddle (same_pack_offsets) element by element, in rows_passes or the stream,
+// their bodies, cols - (pack - 1) columns from each row's first pack boundary as the stream's,
+// take the plan an aligned row of that length takes in rows_passes (plan_passes, with the
+// caller's other arguments), in groups of at least pack - 1 lanes: each column outside the body
+// is one lane's. The caller asks first, where it would plan rows_passes or the stream for the
+// rows' element-wise reads. dev.straddle_passes (PYSOFTMAX_STRADDLE_PASSES=0) and dev.straddle
+// turn it off. Bodies of fewer lanes than that floor keep the element-wise plans: a group widened
+// for the outside columns alone leaves most of its lanes idle, and ran slower than element-wise
+// rows (docs/TUNING.md, "plan_passes_straddling").
+// *body_cols is then the bodies' length, which the op's cols must be. False: the caller plans as
+// before.
+template <typename Op>
+bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_group, bool block, int steps,
+                            bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
+  constexpr int kVec = vec_pack<typename Op::Storage>();
+  constexpr int kFloor = next_pow2(kVec - 1);
+  if (!passes_straddle<Op>() || !may_straddle || !dev.straddle || !dev.straddle_passes || cols < 2 * kVec) return false;
+  const int64_t body = cols - (kVec - 1);
+  if (ceil_div(ceil_div(body, kVec), passes_unroll<Op, kVec, false>()) < kFloor) return false;
+  if (!plan_passes<Op>(rows, body, kVec, passes, max_group, block, dev, plan, steps, kFloor)) return false;
+  plan->straddle = true;
+  *body_cols = body;
+  return true;
+}
+
+// naive's rows held a block a row (rows_passes kBlockRow, three passes) split into `chunks` chunks
+// of whole block steps, each a block's in each of three launches (rows_passes kSplit), where the
+// SMs are at least kPassesSplitSmsPerRow a row: one block a row would leave most SMs idle (one
+// SM read a single row three times); with more rows than that, the split's two more launches and
+// its partials cost more than the idle SMs (docs/TUNING.md, "split_passes"). Rows of more than kPassesSplitMinSteps steps split, into about
+// kPassesSplitBlocksPerSm blocks an SM in all, each chunk more than half that many steps (a
+// chunk's reduction and its partial cost a block's set-up; a few steps cover them), the last
+// chunk what is left. `chunks` > 0 (a caller's request) sets the count, at most a step a chunk.
+// Plans in groups of lanes, and rows that one chunk covers, are kept.
+constexpr int64_t kPassesSplitBlocksPerSm = 4;
+constexpr int64_t kPassesSplitMinSteps = 4;
+constexpr int64_t kPassesSplitSmsPerRow = 2;
+inline void split_passes(int64_t rows, int64_t cols, int64_t chunks, const DeviceInfo& dev, Plan* p) {
+  if (p->family != kPassesFamily || p->group != 0 || p->passes != 3) return;
+  const int64_t step = int64_t{p->threads} * p->packs * p->pack;
+  if (chunks <= 0) {
+    if (rows * kPassesSplitSmsPerRow > dev.sms) return;
+    chunks = std::min(ceil_div(int64_t{dev.sms} * kPassesSplitBlocksPerSm, rows), ceil_div(cols, kPassesSplitMinSteps * step));
+  }
+  chunks = std::min(chunks, ceil_div(cols, step));  // (a huge request would overflow below)
+  const int64_t chunk_cols = round_up(ceil_div(cols, std::max<int64_t>(chunks, 1)), step);
+  if (ceil_div(cols, chunk_cols) <= 1) return;
+  p->chunk_cols = chunk_cols;
+  p->chunks = ceil_div(cols, chunk_cols);
+  p->blocks = walking_grid(rows * p->chunks, dev);
+}
+
 // A requested grid cap (softmax_problem.blocks), kept a whole number of clusters.
 inline void cap_blocks(Plan* p, int cap) {
   const int64_t unit = p->grid ? p->chunks : p->cluster;  // blocks that share a row
@@ -712,7 +774,8 @@ inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_byt
     const int64_t groups = p.blocks / p.chunks;
     return 2 * groups * p.chunks * static_cast<int64_t>(stat_bytes) + groups * static_cast<int64_t>(sizeof(unsigned));
   }
-  const bool split = p.family == SOFTMAX_FAMILY_STREAM && p.chunks > 1 && p.cluster == 1;  // two launches
+  // The stream's two launches, and rows_passes' three (split_passes): a statistic a chunk.
+  const bool split = (p.family == SOFTMAX_FAMILY_STREAM || p.family == kPassesFamily) && p.chunks > 1 && p.cluster == 1;
   return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
 }
 
@@ -921,20 +984,41 @@ int launch_plan(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* 
 }
 
 // rows_passes for the plan's group (0: the block a row) and `kPasses`; kGroups/kBlocks: whether
-// the caller's plans take groups of lanes / whole blocks (the others are not compiled).
+// the caller's plans take groups of lanes / whole blocks (the others are not compiled). A split
+// plan (chunks > 1, naive's: split_passes) is three launches, one a pass, through `ws`.
 template <typename Op, int kPasses, bool kGroups, bool kBlocks>
-int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
+int launch_passes(const Op& op, int64_t rows, const Plan& p, hipStream_t s, void* ws = nullptr) {
   constexpr int kVec = vec_pack<typename Op::Storage>();
-  auto with_pack = [&](auto pack) -> int {
+  using Stat = typename Op::Stat;
+  auto with_pack = [&](auto pack, auto straddle) -> int {
     constexpr int kPack = decltype(pack)::value;
+    constexpr bool kStraddle = decltype(straddle)::value;
     if (p.group == 0) {
-      if constexpr (kBlocks) return launch(rows_passes<Op, kPack, true, kPasses>, "rows_passes", p, s, op, rows, 0, p.ahead);
+      if constexpr (kBlocks && kPasses == 3) {
+        if (p.chunks > 1) {
+          for (int phase = 0; phase < 3; ++phase)
+            if (int st = launch(rows_passes<Op, kPack, true, kPasses, kStraddle, true>, "rows_passes (split)", p, s, op,
+                                rows, 0, 0, p.chunks, p.chunk_cols, phase, static_cast<Stat*>(ws)))
+              return st;
+          return SOFTMAX_OK;
+        }
+      }
+      if constexpr (kBlocks)
+        return launch(rows_passes<Op, kPack, true, kPasses, kStraddle>, "rows_passes", p, s, op, rows, 0, p.ahead,
+                      int64_t{1}, int64_t{0}, 0, static_cast<Stat*>(nullptr));
     } else {
-      if constexpr (kGroups) return launch(rows_passes<Op, kPack, false, kPasses>, "rows_passes", p, s, op, rows, p.group, p.ahead);
+      if constexpr (kGroups)
+        return launch(rows_passes<Op, kPack, false, kPasses, kStraddle>, "rows_passes", p, s, op, rows, p.group, p.ahead,
+                      int64_t{1}, int64_t{0}, 0, static_cast<Stat*>(nullptr));
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: no kernel for a group of %d lanes", p.group);
   };
-  return p.pack == kVec ? with_pack(std::integral_constant<int, kVec>()) : with_pack(std::integral_constant<int, 1>());
+  if (p.straddle) {
+    if constexpr (passes_straddle<Op>()) return with_pack(std::integral_constant<int, kVec>(), std::true_type());
+    return fail(SOFTMAX_ERROR_INTERNAL, "rows_passes: a straddling plan for rows that do not straddle");
+  }
+  return p.pack == kVec ? with_pack(std::integral_constant<int, kVec>(), std::false_type())
+                        : with_pack(std::integral_constant<int, 1>(), std::false_type());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -689,19 +689,21 @@ __device__ __forceinline__ V row_all_reduce(V v, Rop rop, V* scratch, int group)
 }
 
 // fn(span, items) for each step of row w, the op's kPacks packs of kPack a lane of `width` lanes
-// loaded (dead rows: padding only): rows_passes' and rows_tile's passes over a row. ahead > 0:
+// loaded (dead rows: padding only): rows_passes' and rows_tile's passes over a row (or over the
+// columns [begin, end) of a split row's chunk). ahead > 0:
 // the lanes ask L2 for the steps up to `ahead` past the one they load (the first step for steps
 // 1..ahead, each later one for one more), so that a row's steps are in flight together rather
 // than a load's latency each (Op::warm).
 template <int kPack, int kPacks, typename Op, typename Fn>
 __device__ __forceinline__ void sweep_row(const Op& op, const typename Op::Row& w, bool live, int lane, int width,
-                                          Fn&& fn, int ahead = 0) {
+                                          Fn&& fn, int ahead = 0, int64_t begin = 0, int64_t end = -1) {
+  if (end < 0) end = op.cols;  // columns [begin, end): the whole row, or a split row's chunk
   const int64_t step = int64_t{width} * kPack * kPacks;
   const int64_t far = step * ahead;
-  if (far > 0 && live) op.warm(w, step, min(op.cols, step + far), lane, width);
-  for (int64_t base = 0; base < op.cols; base += step) {
-    if (far > 0 && live && base > 0) op.warm(w, base + far, min(op.cols, base + far + step), lane, width);
-    const Span span{base, lane, width, op.cols};
+  if (far > 0 && live) op.warm(w, begin + step, min(end, begin + step + far), lane, width);
+  for (int64_t base = begin; base < end; base += step) {
+    if (far > 0 && live && base > begin) op.warm(w, base + far, min(end, base + far + step), lane, width);
+    const Span span{base, lane, width, end};
     typename Op::Item v[kPack * kPacks];
     op.template load<kPack, kPacks>(w, span, live, v);
     fn(span, v);
@@ -720,6 +722,16 @@ __device__ __forceinline__ void sweep_row(const Op& op, const typename Op::Row& 
 // are references and need not compile one copy a width) takes a row, several rows a block. The
 // loop bound is the warp's first row, so all lanes of a warp run the same trips (the groups'
 // shuffles need the whole warp) and rows past the end ride along as dead rows.
+// kStraddle: rows that start off the pack boundary, as the stream's: op.cols is each row's body,
+// cols - (kPack - 1) columns from its first pack boundary, swept in vector packs; lane t <
+// op.outside (kPack - 1 lanes, which every group the planner gives has) holds the row's t-th
+// column outside it, read once before the passes and held through them, as the stream holds its.
+// kSplit (kBlockRow, kPasses 3: naive's few long rows): a block takes a chunk of `chunk_cols`
+// columns of a row (unit u is chunk u % chunks of row u / chunks), and each pass is a launch of
+// its own (`phase`): 0 writes the chunk's max to ws[u].m, 1 its sum of exponentials about the
+// row's max (over its chunks' ws[].m) to ws[u].s, 2 normalises the chunk with the row's max and
+// sum. Each pass still reads the row from global memory; the launches are its barriers. The
+// columns outside a straddling row's body are chunk 0's.
 
 // Packs a lane a step: kRowRegisters values of every array, at most 8, and in groups at most 64
 // bytes (kStagedPacks packs) of each array a lane, so that a warp's load of many short rows touches few lines at a
@@ -731,9 +743,10 @@ template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_un
   return n < 1 ? 1 : n > cap ? cap : n;
 }
 
-template <typename Op, int kPack, bool kBlockRow, int kPasses>
+template <typename Op, int kPack, bool kBlockRow, int kPasses, bool kStraddle = false, bool kSplit = false>
 __global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
-void rows_passes(const Op op, int64_t rows, int group, int ahead) {
+void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks, int64_t chunk_cols, int phase,
+                 typename Op::Stat* ws) {
   using Item = typename Op::Item;
   using Stat = typename Op::Stat;
   using C = typename Op::C;
@@ -743,6 +756,8 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead) {
   // other kernel the warming code is compiled out, as its branches slowed element-wise rows.
   constexpr bool kWarm = sizeof(typename Op::Storage) == 2 && kPack > 1 && !kBlockRow;
   static_assert(kPasses == 2 || kPasses == 3, "two or three passes");
+  static_assert(!kStraddle || kPack > 1, "rows_passes: straddling rows are read in vector packs");
+  static_assert(!kSplit || (kBlockRow && kPasses == 3), "rows_passes: only naive's block rows split");
   __shared__ Stat stat_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   __shared__ C value_scratch[kBlockRow ? kMaxWarpsPerBlock : 1];
   const int width = kBlockRow ? static_cast<int>(blockDim.x) : group;
@@ -753,33 +768,75 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead) {
   const int64_t lead = blockIdx.x * per_block + (kBlockRow ? 0 : static_cast<int64_t>(threadIdx.x / kWarpSize) * (kWarpSize / group));
   const int64_t mine = kBlockRow ? blockIdx.x : blockIdx.x * per_block + threadIdx.x / group;
   auto reduce = [&](auto v, auto rop, auto* scratch) { return row_all_reduce<kBlockRow>(v, rop, scratch, group); };
-  auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn, int warm = 0) {
-    sweep_row<kPack, kUnroll>(op, w, live, lane, width, fn, warm);
-  };
-  for (int64_t k = 0; lead + k < rows; k += stride) {
-    const int64_t r = mine + k;
-    const bool live = r < rows;
-    const typename Op::Row w = op.row(live ? r : 0);
+  const int64_t units = kSplit ? rows * chunks : rows;
+  for (int64_t k = 0; lead + k < units; k += stride) {
+    const int64_t u = mine + k;
+    const bool live = u < units;
+    const int64_t r = kSplit ? u / chunks : u;
+    const int64_t begin = kSplit ? (u - r * chunks) * chunk_cols : 0;
+    const int64_t end = kSplit ? min(op.cols, begin + chunk_cols) : op.cols;
+    auto sweep = [&](const typename Op::Row& w, bool live, auto&& fn, int warm = 0) {
+      sweep_row<kPack, kUnroll>(op, w, live, lane, width, fn, warm, begin, end);
+    };
+    // kSplit: the row's statistic over its chunks' partials (phases 1 and 2).
+    auto over_chunks = [&](auto part, auto rop) {
+      using V = decltype(part(ws[0]));
+      V v = rop.template identity<V>();
+      for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) v = rop(v, part(ws[r * chunks + i]));
+      return reduce(v, rop, value_scratch);
+    };
+    typename Op::Row w = op.row(live ? r : 0);
+    int head = 0;
+    if constexpr (kStraddle) w = op.shift(w, head = op.head(w));
+    // kStraddle: this lane's column outside the body (the pad where it holds none).
+    const bool holds = kStraddle && lane < op.outside && begin == 0;
+    Item beside[1];
+    if constexpr (kStraddle) op.template load<1, 1>(w, outside_column(lane, head, op.cols), live && holds, beside);
     typename Op::Final fin;
     if constexpr (kPasses == 2) {
       Stat st = Op::stat_init();
       sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, kWarm ? ahead : 0);
+      if constexpr (kStraddle) op.template accumulate<1>(st, beside);
       fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
     } else {
       C m = neg_inf<C>();
-      sweep(w, live, [&](const Span&, Item* v) { m = MaxOp()(m, tree_reduce<kStep>(v, MaxOp())); }, kWarm ? ahead : 0);
-      const C ref = safe_ref(reduce(m, MaxOp(), value_scratch));
+      if (!kSplit || phase == 0) {
+        sweep(w, live, [&](const Span&, Item* v) { m = MaxOp()(m, tree_reduce<kStep>(v, MaxOp())); }, kWarm ? ahead : 0);
+        if constexpr (kStraddle) m = MaxOp()(m, beside[0]);
+        m = reduce(m, MaxOp(), value_scratch);
+        if (kSplit) {
+          if (threadIdx.x == 0) ws[u].m = m;
+          continue;
+        }
+      } else {
+        m = over_chunks([](const Stat& t) { return t.m; }, MaxOp());
+      }
+      const C ref = safe_ref(m);
       C s = 0;
-      sweep(w, live, [&](const Span&, Item* v) {
+      if (!kSplit || phase == 1) {
+        sweep(w, live, [&](const Span&, Item* v) {
 #pragma unroll
-        for (int i = 0; i < kStep; ++i) s += op.exp_of(v[i], ref);
-      });
-      fin = {ref, safe_inverse(reduce(s, SumOp(), value_scratch))};
+          for (int i = 0; i < kStep; ++i) s += op.exp_of(v[i], ref);
+        });
+        if constexpr (kStraddle) s += op.exp_of(beside[0], ref);
+        s = reduce(s, SumOp(), value_scratch);
+        if (kSplit) {
+          if (threadIdx.x == 0) ws[u].s = s;
+          continue;
+        }
+      } else {
+        s = over_chunks([](const Stat& t) { return t.s; }, SumOp());
+      }
+      fin = {ref, safe_inverse(s)};
     }
     sweep(w, live, [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
       if (live) op.template store<kPack, kUnroll>(w, span, v);
     });
+    if constexpr (kStraddle) {
+      op.template apply<1>(beside, fin);
+      if (live && holds) op.template store<1, 1>(w, outside_column(lane, head, op.cols), beside);
+    }
   }
 }
 

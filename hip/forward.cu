@@ -3,7 +3,8 @@
 //   fused   plan_rows() picks rows_warp / rows_block / rows_stream by row length
 //   online  rows_passes (short unmasked rows, in groups of lanes) or rows_stream: running
 //           (max, sum), then normalise; the stream splits rows across blocks for few rows
-//   naive   rows_passes: max, sum, normalise, each a read of the row
+//   naive   rows_passes: max, sum, normalise, each a read of the row; rows at most half the SMs
+//           split into chunks of a block each, a launch a pass (split_passes)
 // Reads x (and the mask) and writes out once, except rows_stream (x twice, unless resident) and
 // rows_passes (x twice or three times). All launches go on `stream`.
 #include <limits>
@@ -124,16 +125,31 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
       const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged_row<T>(stream_lanes, pack, dev.warp) ||
                           p.cols <= dev.passes_cols;
+      // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
       on_chip = kOnCluster;
-      if (Op::kMasked || p.chunks || p.threads || !groups ||
-          !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan))
+      int64_t body = 0;
+      if (!Op::kMasked && !p.chunks && !p.threads && groups && pack == 1 &&
+          plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &plan, &body)) {
+        op.outside = static_cast<int>(p.cols - body);
+        op.cols = body;
+      } else if (Op::kMasked || p.chunks || p.threads || !groups ||
+                 !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) {
         if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
           return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
+      }
       break;
     }
-    case SOFTMAX_ALGO_NAIVE:
-      plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
+    case SOFTMAX_ALGO_NAIVE: {
+      int64_t body = 0;
+      if (pack == 1 && plan_passes_straddling<Op>(p.rows, p.cols, 3, kMaxGroup, true, 1, straddles, dev, &plan, &body)) {
+        op.outside = static_cast<int>(p.cols - body);
+        op.cols = body;
+      } else {
+        plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
+      }
+      split_passes(p.rows, op.cols, p.chunks, dev, &plan);
       break;
+    }
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
@@ -165,7 +181,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       }
       if (op.mask || op.causal_queries.d)
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "the naive algorithm takes no mask or causal flag; use fused");
-      return launch_passes<Op, 3, true, true>(op, p.rows, plan, stream);
+      return launch_passes<Op, 3, true, true>(op, p.rows, plan, stream, p.workspace);
     }
   }
   return launch_plan(op, p.rows, plan, stream, p.workspace);

@@ -26,7 +26,8 @@
 //                where it fits a cluster of blocks' (sm_90) each keeps a chunk resident, and rows
 //                that no cluster holds are shared by a group of a cooperative grid's blocks
 //   rows_passes  the reference algorithms, 2 or 3 reads of global memory (online and
-//                naive_backward on short rows, naive on every row), a group of lanes or a block a row
+//                naive_backward on short rows, naive on every row), a group of lanes or a block a row,
+//                or for rows at most half the SMs (naive) a block a chunk in a launch a pass
 //   rows_tile    dense rows of an odd width, staged a tile of rows at a time as the aligned packs
 //                that cover them and worked from shared memory (short odd rows of the plain
 //                forward and the backward, straddling in vector packs from a width on)

@@ -83,7 +83,7 @@ constexpr Policy kPolicies[] = {
   {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
   {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
   {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      1, 600, 112, kRowRegisters, 4, 1, true , 0 },
+  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0 },
   {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96},
   {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96},
 };

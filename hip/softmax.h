@@ -73,7 +73,7 @@ typedef struct softmax_problem {
   const void* mask;
   int32_t mask_ndim; /* dims of the row index the mask sees (row-major), <= SOFTMAX_MAX_DIMS */
   int32_t family;    /* softmax_family: SOFTMAX_FAMILY_AUTO, or force one (tests, tuning) */
-  int64_t chunks;    /* rows_stream split per row: 0 = the dispatcher decides (tests, tuning) */
+  int64_t chunks;    /* rows_stream's (or naive's rows_passes') split per row: 0 = the dispatcher decides (tests, tuning) */
   int32_t threads;   /* rows_block / rows_stream threads per block: 0 = the dispatcher decides */
   int32_t blocks;    /* grid size cap: 0 = the dispatcher decides (tests: blocks that walk many rows) */
   int64_t mask_shape[SOFTMAX_MAX_DIMS];

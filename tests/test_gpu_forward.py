@@ -65,19 +65,21 @@ def test_reference_algorithms(algo, cols, dtype):
 # sides of each width, widths where the fill rule takes a narrower group over more steps (160,
 # 320, 384, 640, 768), both sides of the ragged rows' three steps (float32 1536, 16-bit 3072) and
 # of naive's four idle group lanes (float32 1472: 92 group lanes, in groups; 1488: 93, a block).
-PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 160, 255, 256, 257, 320, 384, 511, 512, 513, 640,
-               768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
+# 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
+# (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes.
+PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 231, 233, 255, 256, 257, 320, 384,
+               511, 512, 513, 640, 768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
 
 
-def filled_group(lanes, steps):
+def filled_group(lanes, steps, floor=1):
     """plan_passes' group for rows of `lanes` lanes' worth taking up to `steps` steps: the power of
-    two holding them (at most 32), then the fill rule: a narrower group (down to 4 lanes, or
-    PYSOFTMAX_PASSES_FILL's, up to 3 steps or `steps`) where its lane-steps are fewer, ties to the
-    wider."""
-    group = min(1 << max(0, (lanes - 1).bit_length()), 32)
+    two holding them (at least `floor`, at most 32), then the fill rule: a narrower group (down to
+    4 lanes, or PYSOFTMAX_PASSES_FILL's, and `floor`; up to 3 steps or `steps`) where its
+    lane-steps are fewer, ties to the wider."""
+    group = min(max(1 << max(0, (lanes - 1).bit_length()), floor), 32)
     narrowest = int(os.environ.get("PYSOFTMAX_PASSES_FILL", "4") or 0)
     best, g = group * -(-lanes // group), group // 2
-    while narrowest > 0 and g >= narrowest and -(-lanes // g) <= max(steps, 3):
+    while narrowest > 0 and g >= max(narrowest, floor) and -(-lanes // g) <= max(steps, 3):
         if g * -(-lanes // g) < best:
             best, group = g * -(-lanes // g), g
         g //= 2
@@ -99,20 +101,34 @@ def ahead_of(lanes, group, item, vec):
     return int(os.environ.get("PYSOFTMAX_PASSES_AHEAD", "1")) if item == 2 and vec and group and lanes > group else 0
 
 
+def straddles_passes(cols, item, inputs=1):
+    """Whether a contiguous row of `cols` takes rows_passes' straddling plan: 16-bit, an odd
+    width (not whole packs), two packs or more, a body (cols - 7) of at least 8 lanes of the
+    groups' packs a lane (4 for one input array, 2 for naive_backward's two), the rule on
+    (PYSOFTMAX_STRADDLE_PASSES)."""
+    on = os.environ.get("PYSOFTMAX_STRADDLE_PASSES", "1") != "0" and os.environ.get("PYSOFTMAX_STRADDLE", "1") != "0"
+    lanes = -(-(-(-(cols - 7) // 8)) // (4 // inputs))
+    return on and item == 2 and cols * item % 16 != 0 and cols >= 16 and lanes >= 8
+
+
 def passes_plan(algo, cols, dtype):
     """(family, group, ahead) that hip/forward.cu's plan should give an unmasked row of `cols`
     (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
-    vec = cols * item % 16 == 0
+    straddle = straddles_passes(cols, item)
+    if straddle:  # the body's plan, in vector packs
+        cols -= 16 // item - 1
+    floor = 8 if straddle else 1
+    vec = straddle or cols * item % 16 == 0
     pack = 16 // item if vec else 1
     packs = -(-cols // pack)
     per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
     lanes = -(-packs // per_lane)
     if algo == "naive":
-        group = filled_group(lanes, 1) if lanes <= 32 * group_reach(lanes, vec, item, 1, block=True) else 0
+        group = filled_group(lanes, 1, floor) if lanes <= 32 * group_reach(lanes, vec, item, 1, block=True) else 0
         return "passes", group, ahead_of(lanes, group, item, vec)
     reach = group_reach(lanes, vec, item, 1)
-    group = filled_group(lanes, 1) if lanes <= 32 * reach else 0
+    group = filled_group(lanes, 1, floor) if lanes <= 32 * reach else 0
     stream_lanes = -(-packs // (4 if vec else 16))
     grouped = lanes <= 32 * reach and (item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0))
     return ("passes", group, ahead_of(lanes, group, item, vec)) if grouped else ("stream", None, 0)
@@ -141,14 +157,17 @@ def naive_backward_plan(cols, dtype):
     `cols`: groups of lanes up to two steps of a full group for vector rows (three for ragged
     ones), one for element-wise ones (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
-    vec = cols * item % 16 == 0
+    straddle = straddles_passes(cols, item, inputs=2)
+    if straddle:  # the body's plan, in vector packs
+        cols -= 16 // item - 1
+    vec = straddle or cols * item % 16 == 0
     pack = 16 // item if vec else 1
     per_lane = max(1, min(32 // (pack * 2 * (2 if item == 8 else 1)), 8, 64 // (pack * item)))
     lanes = -(-(-(-cols // pack)) // per_lane)
     steps = 2 if pack > 1 else 1
     if lanes > 32 * group_reach(lanes, vec, item, steps):
         return "stream", None, 0
-    group = filled_group(lanes, steps)
+    group = filled_group(lanes, steps, 8 if straddle else 1)
     return "passes", group, ahead_of(lanes, group, item, vec)
 
 
@@ -315,9 +334,10 @@ def test_block_to_resident_stream(dtype):
 
 def test_register_grid():
     """rows_warp and rows_block launch a block for every set of rows where the op asks for it
-    (unmasked forward, float32 backward, rows_block with a boolean mask and no causal limit) in
-    blocks of up to 256 threads; otherwise at most 32 blocks an SM walk the rows. A full grid
-    stops short of 2^31 threads, and its blocks walk the rows left."""
+    (unmasked forward, float32 backward, the 16-bit backward's rows_block, rows_block with a
+    boolean mask and no causal limit) in blocks of up to 256 threads; otherwise at most 32 blocks
+    an SM walk the rows. A full grid stops short of 2^31 threads, and its blocks walk the rows
+    left."""
     cap = 32 * sms()
     rows = 1 << 20
     per_block = lambda p: p["threads"] // p["group"] * p["rows_per_group"]
@@ -327,6 +347,8 @@ def test_register_grid():
     assert bwd32["blocks"] == rows // per_block(bwd32), bwd32
     bwd16 = _ops.plan((rows, 128), "float16", direction="backward")
     assert bwd16["family"] == "warp" and bwd16["blocks"] == cap, bwd16
+    bwd16_block = _ops.plan((rows, 2048), "bfloat16", direction="backward")
+    assert bwd16_block["family"] == "block" and bwd16_block["blocks"] == rows, bwd16_block
     block = _ops.plan((rows, 2048), "float32")
     assert block["family"] == "block" and block["threads"] <= 256 and block["blocks"] == rows, block
     wide = _ops.plan((rows, 16384), "float16")  # 512 threads a row

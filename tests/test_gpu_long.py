@@ -396,3 +396,90 @@ def test_stream_ring_across_rows(dtype, cols):
     assert_grad_close(to_host64(dx[:base]), y64, dy64, 0.7, dtype, what)
     bits = dx.view(word)
     assert bool((bits[base:] == cupy.tile(bits[:base], (reps - 1, 1))[:rows - base]).all()), what
+
+
+# naive's few long rows (hip/dispatch.cuh, split_passes; rows_passes kSplit): at most half as many
+# rows as SMs, each split into chunks of whole block steps, a block a chunk in each of three
+# launches (max, sum of exponentials about the row's max, normalise), through a statistic a chunk
+# of workspace.
+# (rows, cols, dtype, kw): a row of 2^24 + 1 read element by element (float32), a 16-bit row of
+# 2^24, odd 16-bit rows (straddling bodies; the columns outside them chunk 0's), odd float32 rows,
+# float64, a scale that does not fold (the additive kind's kernels), a chunk count asked for.
+SPLIT = [
+    (1, 16777217, "float32", {}),
+    (1, 1 << 24, "bfloat16", {}),
+    (2, 1048577, "float16", {}),
+    (3, 1000003, "float32", {}),
+    (7, 262147, "float64", {}),
+    (5, 300000, "float32", {"scale": -0.5}),
+    (4, 100000, "bfloat16", {"chunks": 3}),
+]
+
+
+def sms():
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+@pytest.mark.parametrize("rows,cols,dtype,kw", SPLIT)
+def test_naive_split_rows(rows, cols, dtype, kw):
+    """naive over rows split across blocks: each row against float64 in a poisoned output (every
+    chunk written, the columns outside a straddling body once: each row's first and last columns
+    hold its largest values, which would swamp the sum were they counted by every chunk), and the
+    same bits twice, from a grid of 3 blocks walking the chunks, and in place: the partials are
+    merged in one order."""
+    g = rng()
+    chunks = kw.get("chunks", 0)
+    scale = kw.get("scale", 1.0)
+    if scale == 1.0:  # plan() plans the folded scale's kernels, not the additive kind's
+        plan = _ops.plan((rows, cols), dtype, algo="naive", chunks=chunks)
+        assert plan["family"] == "passes" and plan["passes"] == 3 and plan["group"] == 0 and plan["chunks"] > 1, plan
+        assert plan["workspace"] == rows * plan["chunks"] * 2 * (8 if dtype == "float64" else 4), plan
+        if chunks:
+            assert plan["chunks"] == chunks, plan
+    x64 = g.standard_normal((rows, cols)) * 3
+    x64[:, 0] = x64[:, -1] = 10.0 / scale
+    x64 = rounded(x64, dtype)
+    x = to_device(x64, dtype)
+    what = f"naive {rows}x{cols} {dtype} {kw} seed={g.seed}"
+    naive = ALGOS["naive"]
+    y1 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, out=poisoned((rows, cols), dtype))
+    ref = ref_softmax(x64, scale)
+    assert_close(to_host64(y1), ref, dtype, what)
+    words = cupy.uint64 if dtype == "float64" else cupy.uint32 if dtype == "float32" else cupy.uint16
+    y2 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, out=poisoned((rows, cols), dtype))
+    assert bool((y1.view(words) == y2.view(words)).all()), f"{what}: repeated calls differ"
+    y3 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, blocks=3, out=poisoned((rows, cols), dtype))
+    assert bool((y1.view(words) == y3.view(words)).all()), f"{what}: 3 blocks walking the chunks differ"
+    y4 = _ops.forward(x, algo=naive, scale=scale, chunks=chunks, out=x)
+    assert y4 is x and bool((y1.view(words) == y4.view(words)).all()), f"{what}: in place differs"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_naive_split_at_the_sm_count(dtype):
+    """Automatic splits only where the rows are at most half the SMs: half is split and right,
+    one row more keeps a block a row. Rows whose chunks hold -inf only, rows that are
+    -inf throughout (zeros, as every algorithm returns), and rows whose max sits in a column
+    outside a straddling body, in a view one element into wider rows with the poison around it
+    kept."""
+    g = rng()
+    n = sms()
+    cols = 70001
+    assert _ops.plan((n // 2 + 1, cols), dtype, algo="naive")["chunks"] == 1
+    rows = n // 2
+    plan = _ops.plan((rows, cols), dtype, algo="naive", aligned=False)
+    assert plan["chunks"] > 1, plan
+    x64 = g.standard_normal((rows, cols)) * 3
+    x64[1, : 3 * cols // 4] = -numpy.inf  # the first chunk, or chunks, -inf only
+    x64[2] = -numpy.inf
+    x64[3, 0] = x64[4, -1] = 40.0  # 16-bit: columns outside the straddling bodies (rows 3, 4 start 4 and 5 elements past a pack)
+    x64 = rounded(x64, dtype)
+    width = cols + 16
+    x = to_device(numpy.pad(x64, ((0, 0), (1, width - cols - 1))), dtype)[:, 1:1 + cols]
+    out_buf = poisoned((rows, width), dtype)
+    y = _ops.forward(x, algo=ALGOS["naive"], out=out_buf[:, 1:1 + cols])
+    got = to_host64(y)
+    assert (got[2] == 0).all(), "a row of -inf: zeros"
+    keep = numpy.arange(rows) != 2
+    assert_close(got[keep], ref_softmax(x64[keep]), dtype, f"{plan} seed={g.seed}")
+    rest = to_host64(out_buf)
+    assert numpy.isnan(rest[:, 0]).all() and numpy.isnan(rest[:, 1 + cols:]).all(), "written outside"

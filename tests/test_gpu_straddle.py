@@ -85,11 +85,12 @@ def expected(family, dtype):
 # (None: element-wise; "warp/block": rows_warp a warp a row, rows_block where the warp rule is
 # off). The element-wise plan holds 16-bit rows in registers up to 16384 columns forward and 8192
 # backward, and streams longer ones (the stream of the bodies). On the H200's plans rows_tile
-# takes the shortest (to 127 columns forward, 599 backward); past it, the forward's bodies go to
+# takes the shortest (to 127 columns forward, 134 backward); past it, the forward's bodies go to
 # rows_warp in groups of 8 and 16 lanes (129-397), stay element-wise where the body would take two
 # rows a group and the element-wise plan is rows_warp (399-511), take two rows a group where it is
-# rows_block (513-525), a warp a row of three packs a lane (527-781), and rows_block from 783
-# (the backward's from 601, a warp a row made a block). Bodies held in registers are whole packs,
+# rows_block (513-525), a warp a row of three packs a lane (527-781), and rows_block from 783.
+# The backward's go to rows_warp in groups of 8 and 16 lanes (135-398) and rows_block from 399
+# (a warp a row made a block). Bodies held in registers are whole packs,
 # with 7 to 14 columns outside them (527 and 1031: 7, 1033: 9, 525: 13; the even 526 and 1030: 14).
 CASES = [
     (300, 127, "bfloat16", "forward", None),
@@ -106,6 +107,11 @@ CASES = [
     (300, 527, "bfloat16", "forward", "warp/block"),
     (301, 781, "float16", "forward", "warp/block"),
     (300, 783, "bfloat16", "forward", "block"),
+    (300, 135, "bfloat16", "backward", "warp"),
+    (300, 199, "float16", "backward", "warp"),
+    (301, 391, "bfloat16", "backward", "warp"),
+    (300, 399, "bfloat16", "backward", "block"),
+    (299, 599, "float16", "backward", "block"),
     (300, 641, "bfloat16", "backward", "block"),
     (300, 1030, "bfloat16", "forward", "block"),
     (300, 1031, "bfloat16", "forward", "block"),

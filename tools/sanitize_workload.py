@@ -204,3 +204,22 @@ for dtype in ("float32", "float16"):
              lambda: _ops.forward(x))
         step(f"warp straddling walk {shape} {dtype}", lambda: _ops.forward(x, blocks=1))
         del x
+    # The reference algorithms' straddling rows (rows_passes kStraddle): groups of 8 and 16 lanes,
+    # several steps, naive's block a row; dead rows in the last block, one block walking the rows.
+    for shape in ((13, 99), (67, 1033), (5, 2049)):
+        x = arr(shape, dtype)
+        plan = _ops.plan(x.shape, dtype, algo="naive")
+        step(f"passes straddling naive {shape} {dtype} (group={plan['group']} straddle={plan['straddle']})",
+             lambda: pysoftmax.naive(x))
+        step(f"passes straddling online {shape} {dtype}", lambda: _ops.forward(x, algo=_lib.ALGO_ONLINE, blocks=1))
+        step(f"passes straddling naive_backward {shape} {dtype}", lambda: pysoftmax.naive_backward(x, x))
+        del x
+
+# naive's few long rows split across blocks (rows_passes kSplit, three launches): element-wise
+# float32, straddling 16-bit, aligned vector rows; the automatic grid and 3 blocks walking the chunks.
+for dtype, shape in (("float32", (3, 70001)), ("float16", (2, 100003)), ("float32", (5, 131072))):
+    x = arr(shape, dtype)
+    plan = _ops.plan(x.shape, dtype, algo="naive")
+    step(f"naive split {shape} {dtype} (chunks={plan['chunks']} straddle={plan['straddle']})", lambda: pysoftmax.naive(x))
+    step(f"naive split {shape} {dtype}, 3 blocks", lambda: _ops.forward(x, algo=_lib.ALGO_NAIVE, blocks=3))
+    del x

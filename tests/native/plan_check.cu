@@ -312,6 +312,101 @@ template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int 
     }
 }
 
+// plan_passes_straddling over the reference algorithms' calls (online, naive, naive_backward: the
+// callers' passes, block and steps): it takes exactly the unmasked 16-bit rows of two packs or more
+// that may straddle, unless dev.straddle or dev.straddle_passes is off; its plan is plan_passes'
+// for the body, cols - (pack - 1) columns, in vector packs, with groups of at least pack - 1
+// lanes (each column outside the body a lane's) or the block, and what plan_passes would give
+// the body with no such floor wherever that group already has them.
+template <typename Op> void check_passes_straddling(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  const DeviceInfo dev = described(stage_bytes, max_cluster);
+  DeviceInfo off = dev, none = dev;
+  off.straddle_passes = false;
+  none.straddle = false;
+  struct Call { int passes; bool block; int steps; };
+  const Call calls[] = {{2, false, 1}, {3, true, 1}, {2, false, kNaiveBackwardGroupSteps}};
+  for (const Call& c : calls)
+    for (int64_t cols = 1; cols <= 70000; cols += cols < 3000 ? 1 : 97)
+      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
+        if (c.passes == 3 && Op::kInputs != 1) continue;  // naive is the forward's
+        Plan p;
+        int64_t body = -1;
+        const bool took = plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, dev, &p, &body);
+        ++plans;
+        // Bodies of at least 8 lanes (kVec - 1 rounded up) of the groups' packs a lane.
+        const int64_t body_lanes = (cols - (kVec - 1) + kVec * passes_unroll<Op, kVec, false>() - 1) / (kVec * passes_unroll<Op, kVec, false>());
+        const bool wanted = Op::kStraddles && sizeof(T) == 2 && cols >= 2 * kVec && body_lanes >= 8;
+        Plan q;
+        const bool body_plans = wanted && plan_passes<Op>(rows, cols - (kVec - 1), kVec, c.passes, kMaxGroup, c.block, dev, &q, c.steps,
+                                                          next_pow2(kVec - 1));
+        if (took != body_plans) {
+          report(op, took ? "passes straddle where they should not" : "passes do not straddle", 0, kVec, 0, cols, p);
+          continue;
+        }
+        Plan o = p;
+        int64_t b = -1;
+        if (plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, false, dev, &o, &b) ||
+            plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, off, &o, &b) ||
+            plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, none, &o, &b))
+          report(op, "passes straddle with the rule off or arrays that may not", 0, kVec, 0, cols, o);
+        if (!took) continue;
+        if (p.family != kPassesFamily || !p.straddle || p.pack != kVec || p.passes != c.passes || body != cols - (kVec - 1) ||
+            p.packs != q.packs || p.group != q.group || p.threads != q.threads || p.blocks != q.blocks ||
+            (p.group && (p.group < kVec - 1 || p.group > kMaxGroup || (p.group & (p.group - 1)))) || (!c.block && !p.group))
+          report(op, "straddling passes plan malformed", 0, kVec, 0, cols, p);
+        // Where plan_passes' own group for the body has a lane for each outside column, the floor
+        // changes nothing.
+        Plan free;
+        if (plan_passes<Op>(rows, body, kVec, c.passes, kMaxGroup, c.block, dev, &free, c.steps) &&
+            (free.group == 0 || free.group >= kVec - 1) && (free.group != p.group || free.packs != p.packs || free.blocks != p.blocks))
+          report(op, "straddling passes plan differs from the body's where the floor is not needed", 0, kVec, 0, cols, p);
+      }
+}
+
+// split_passes over naive's plans (plan_passes with three passes and the block, or its
+// straddling body's): automatic, it splits exactly the block-a-row plans of at most half as many rows as SMs
+// whose rows take more than kPassesSplitMinSteps block steps; a requested count splits every
+// block-a-row plan whose rows take more than one block step. A split plan's chunks are whole block steps that cover the row,
+// none empty, over a grid walking every chunk, with a statistic a chunk of workspace; automatic
+// chunks are over two steps long.
+template <typename Op> void check_passes_split(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  const DeviceInfo dev = described(stage_bytes, max_cluster);
+  for (int64_t cols = 1; cols <= 40000000; cols += cols < 70000 ? 331 : cols < 2000000 ? 49999 : 1999993)
+    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{66}, int64_t{67}, int64_t{131}, int64_t{1000}})
+      for (int pack : {kVec, 1})
+        for (int64_t asked : {int64_t{0}, int64_t{3}, int64_t{1000}, INT64_MAX}) {
+          Plan p;
+          int64_t body = cols;
+          if (!(pack == 1 && plan_passes_straddling<Op>(rows, cols, 3, kMaxGroup, true, 1, true, dev, &p, &body)))
+            plan_passes<Op>(rows, cols, pack, 3, kMaxGroup, true, dev, &p);
+          const Plan before = p;
+          split_passes(rows, body, asked, dev, &p);
+          ++plans;
+          const int64_t step = int64_t{before.threads} * before.packs * before.pack;
+          const bool block = before.group == 0;
+          // Automatic splits where the rows are at most half the SMs (66 of the 132 described).
+          const bool wanted = block && (asked > 0 ? body > step : rows <= 66 && body > kPassesSplitMinSteps * step);
+          if (p.chunks > 1 != wanted || (!block && p.chunks != 1) || (asked == 0 && rows > 66 && p.chunks != 1)) {
+            report(op, "naive's rows split where they should not, or not where they should", 0, pack, 0, cols, p);
+            continue;
+          }
+          if (p.chunks == 1) {
+            if (p.blocks != before.blocks || p.chunk_cols != before.chunk_cols || plan_workspace_bytes(p, rows, sizeof(typename Op::Stat)))
+              report(op, "an unsplit naive plan changed", 0, pack, 0, cols, p);
+            continue;
+          }
+          if (p.chunk_cols % step || p.chunks * p.chunk_cols < body || (p.chunks - 1) * p.chunk_cols >= body ||
+              p.blocks != walking_grid(rows * p.chunks, dev) || p.threads != before.threads || p.packs != before.packs ||
+              plan_workspace_bytes(p, rows, sizeof(typename Op::Stat)) != rows * p.chunks * int64_t{sizeof(typename Op::Stat)} ||
+              (asked == 0 && p.chunk_cols <= 2 * step))
+            report(op, "split naive plan malformed", 0, pack, 0, cols, p);
+        }
+}
+
 // PYSOFTMAX_CARRY=0 (dev.carry false): no plan carries its ring, each ring within its chunk; the
 // carried plans differ from those only in the ring (carry, held, stage), not in their grid.
 template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes, int max_cluster) {
@@ -358,6 +453,14 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check_straddling<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling backward %s", name);
   check_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "straddling passes forward %s", name);
+  check_passes_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "straddling passes forward+float mask %s", name);
+  check_passes_straddling<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "split passes forward %s", name);
+  check_passes_split<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "straddling passes backward %s", name);
+  check_passes_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "tiled backward %s", name);
   check_tile<BackwardOp<T>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "tiled forward %s", name);
