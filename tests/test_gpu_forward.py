@@ -172,8 +172,8 @@ def naive_backward_plan(cols, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025, 1280, 1520,
-                                  1536, 1552, 2048, 3000, 3040, 3072, 3104])
+@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 119, 121, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025,
+                                  1280, 1520, 1536, 1552, 2048, 3000, 3040, 3072, 3104])
 def test_naive_backward_in_groups(cols, dtype):
     """naive_backward on short rows in groups of lanes, up to two steps of a full group, or three
     of a narrower one by the fill rule or for ragged rows (longer rows: the stream)."""
