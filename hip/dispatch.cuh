@@ -719,9 +719,8 @@ template <typename Op> constexpr bool passes_straddle() {
 // rows' element-wise reads. dev.straddle_passes (PYSOFTMAX_STRADDLE_PASSES=0) and dev.straddle
 // turn it off. Bodies of fewer lanes than that floor keep the element-wise plans: a group widened
 // for the outside columns alone leaves most of its lanes idle, and ran slower than element-wise
-// rows (docs/TUNING.md, "plan_passes_straddling").
-// *body_cols is then the bodies' length, which the op's cols must be. False: the caller plans as
-// before.
+// rows (docs/TUNING.md, "rows_passes", "Straddling rows"). *body_cols is then the bodies'
+// length, which the op's cols must be. False: the caller plans as before.
 template <typename Op>
 bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_group, bool block, int steps,
                             bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
@@ -740,7 +739,8 @@ bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_grou
 // of whole block steps, each a block's in each of three launches (rows_passes kSplit), where the
 // SMs are at least kPassesSplitSmsPerRow a row: one block a row would leave most SMs idle (one
 // SM read a single row three times); with more rows than that, the split's two more launches and
-// its partials cost more than the idle SMs (docs/TUNING.md, "split_passes"). Rows of more than kPassesSplitMinSteps steps split, into about
+// its partials cost more than the idle SMs (docs/TUNING.md, "rows_passes", "Few long rows
+// split"). Rows of more than kPassesSplitMinSteps steps split, into about
 // kPassesSplitBlocksPerSm blocks an SM in all, each chunk more than half that many steps (a
 // chunk's reduction and its partial cost a block's set-up; a few steps cover them), the last
 // chunk what is left. `chunks` > 0 (a caller's request) sets the count, at most a step a chunk.
