@@ -32,42 +32,32 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
   int on_chip = kOnGrid;  // where a streamed row may be held (plan_rows)
+  int64_t body = 0;       // straddling rows: their bodies' columns, set by the planner that straddles
   if (p.algo == SOFTMAX_ALGO_FUSED) {
     if (!plan_rows<BackwardOp<T>>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                   static_cast<long long>(p.cols));
-    int64_t body = 0;
-    if (plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, true), dev, &plan, &body)) {
-      op.outside = static_cast<int>(p.cols - body);
-      op.cols = body;
-    }
+    plan_tile<BackwardOp<T>>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, true), dev, &plan, &body);
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes (vector rows up to kNaiveBackwardGroupSteps steps of a full
     // group, element-wise ones one), unless a chunk count or block size asks for the stream.
     // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
     on_chip = kOffChip;
-    int64_t body = 0;
-    if (!p.chunks && !p.threads && pack == 1 &&
-        plan_passes_straddling<BackwardOp<T>>(p.rows, p.cols, 2, kMaxGroup, false, kNaiveBackwardGroupSteps, straddles,
-                                              dev, &plan, &body)) {
-      op.outside = static_cast<int>(p.cols - body);
-      op.cols = body;
-    } else if ((p.chunks || p.threads ||
-                !plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan,
-                                            pack > 1 ? kNaiveBackwardGroupSteps : 1)) &&
-               !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, on_chip)) {
+    const bool in_groups = !p.chunks && !p.threads;
+    if (!(in_groups && pack == 1 &&
+          plan_passes_straddling<BackwardOp<T>>(p.rows, p.cols, 2, kMaxGroup, false, kNaiveBackwardGroupSteps, straddles,
+                                                dev, &plan, &body)) &&
+        !(in_groups && plan_passes<BackwardOp<T>>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan,
+                                                  pack > 1 ? kNaiveBackwardGroupSteps : 1)) &&
+        !plan_stream<BackwardOp<T>>(p.rows, p.cols, pack, p.chunks, p.threads, dev, &plan, on_chip))
       return fail(SOFTMAX_ERROR_UNSUPPORTED, "naive_backward: this GPU's shared memory cannot hold the stream's stage");
-    }
   } else {
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: backward is fused or naive", p.algo);
   }
-  int64_t body_cols = 0;
-  if (plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip,
-                                     p.algo == SOFTMAX_ALGO_FUSED, straddles, dev, &plan, &body_cols)) {
-    op.outside = static_cast<int>(p.cols - body_cols);
-    op.cols = body_cols;
-  }
+  plan_straddling<BackwardOp<T>>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED,
+                                 straddles, dev, &plan, &body);
+  if (body) op.outside = static_cast<int>(p.cols - body), op.cols = body;
   cap_blocks(&plan, p.blocks);
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;

@@ -717,10 +717,11 @@ template <typename Op> constexpr bool passes_straddle() {
 // caller's other arguments), in groups of at least pack - 1 lanes: each column outside the body
 // is one lane's. The caller asks first, where it would plan rows_passes or the stream for the
 // rows' element-wise reads. dev.straddle_passes (PYSOFTMAX_STRADDLE_PASSES=0) and dev.straddle
-// turn it off. Bodies of fewer lanes than that floor keep the element-wise plans: a group widened
-// for the outside columns alone leaves most of its lanes idle, and ran slower than element-wise
-// rows (docs/TUNING.md, "rows_passes", "Straddling rows"). *body_cols is then the bodies'
-// length, which the op's cols must be. False: the caller plans as before.
+// turn it off. Bodies shorter than that floor's lanes of kStagedPacks packs keep the
+// element-wise plans: a group widened for the outside columns alone leaves most of its lanes
+// idle, and ran slower than element-wise rows; naive_backward's groups, half the packs a lane,
+// ran slower there too (docs/TUNING.md, "rows_passes", "Straddling rows"). *body_cols is then
+// the bodies' length, which the op's cols must be. False: the caller plans as before.
 template <typename Op>
 bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_group, bool block, int steps,
                             bool may_straddle, const DeviceInfo& dev, Plan* plan, int64_t* body_cols) {
@@ -728,7 +729,7 @@ bool plan_passes_straddling(int64_t rows, int64_t cols, int passes, int max_grou
   constexpr int kFloor = next_pow2(kVec - 1);
   if (!passes_straddle<Op>() || !may_straddle || !dev.straddle || !dev.straddle_passes || cols < 2 * kVec) return false;
   const int64_t body = cols - (kVec - 1);
-  if (ceil_div(ceil_div(body, kVec), passes_unroll<Op, kVec, false>()) < kFloor) return false;
+  if (ceil_div(ceil_div(body, kVec), kStagedPacks) < kFloor) return false;
   if (!plan_passes<Op>(rows, body, kVec, passes, max_group, block, dev, plan, steps, kFloor)) return false;
   plan->straddle = true;
   *body_cols = body;

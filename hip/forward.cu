@@ -102,18 +102,13 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
   int on_chip = kOnGrid;  // where a streamed row may be held (plan_rows)
+  int64_t body = 0;       // straddling rows: their bodies' columns, set by the planner that straddles
   switch (p.algo) {
     case SOFTMAX_ALGO_FUSED:
       if (!plan_rows<Op>(p.rows, p.cols, pack, p.family, p.chunks, p.threads, dev, &plan))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "family %d cannot hold rows of %lld columns", p.family,
                     static_cast<long long>(p.cols));
-      {
-        int64_t body = 0;
-        if (plan_tile<Op>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, false), dev, &plan, &body)) {
-          op.outside = static_cast<int>(p.cols - body);
-          op.cols = body;
-        }
-      }
+      plan_tile<Op>(p.rows, p.cols, p.family, p.threads, straddles && dense_rows(p, false), dev, &plan, &body);
       break;
     case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
       // Groups for unmasked short rows: where the stream's block would leave lanes idle (a row
@@ -127,38 +122,25 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
                           p.cols <= dev.passes_cols;
       // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
       on_chip = kOnCluster;
-      int64_t body = 0;
-      if (!Op::kMasked && !p.chunks && !p.threads && groups && pack == 1 &&
-          plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &plan, &body)) {
-        op.outside = static_cast<int>(p.cols - body);
-        op.cols = body;
-      } else if (Op::kMasked || p.chunks || p.threads || !groups ||
-                 !plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) {
-        if (!plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
-          return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
-      }
+      const bool in_groups = !Op::kMasked && !p.chunks && !p.threads && groups;
+      if (!(in_groups && pack == 1 &&
+            plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &plan, &body)) &&
+          !(in_groups && plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
+          !plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
+        return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
       break;
     }
-    case SOFTMAX_ALGO_NAIVE: {
-      int64_t body = 0;
-      if (pack == 1 && plan_passes_straddling<Op>(p.rows, p.cols, 3, kMaxGroup, true, 1, straddles, dev, &plan, &body)) {
-        op.outside = static_cast<int>(p.cols - body);
-        op.cols = body;
-      } else {
+    case SOFTMAX_ALGO_NAIVE:
+      if (!(pack == 1 && plan_passes_straddling<Op>(p.rows, p.cols, 3, kMaxGroup, true, 1, straddles, dev, &plan, &body)))
         plan_passes<Op>(p.rows, p.cols, pack, 3, kMaxGroup, true, dev, &plan);
-      }
-      split_passes(p.rows, op.cols, p.chunks, dev, &plan);
+      split_passes(p.rows, body ? body : p.cols, p.chunks, dev, &plan);
       break;
-    }
     default:
       return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "algo %d: expected fused, online or naive", p.algo);
   }
-  int64_t body_cols = 0;
-  if (plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED,
-                          straddles, dev, &plan, &body_cols)) {
-    op.outside = static_cast<int>(p.cols - body_cols);
-    op.cols = body_cols;
-  }
+  plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED, straddles, dev,
+                      &plan, &body);
+  if (body) op.outside = static_cast<int>(p.cols - body), op.cols = body;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

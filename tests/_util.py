@@ -86,6 +86,33 @@ def written_outside(flat, offset, size):
     return int((~numpy.isnan(numpy.concatenate([host[:offset], host[offset + size:]]))).sum())
 
 
+def at_every_offset(host, dtype, call, check, label):
+    """For each offset inside the pack: every array of `host` (float64, one shape) placed that many
+    elements into a flat buffer (dense_at), and `call(dev, out, **kw)` writing a poisoned output at
+    the same offset through the planned grid, one block, three blocks (each walking every row) and
+    the planned grid again. Each result passes `check(got, what)`, nothing outside the output is
+    written, and all four give the same bits. Then the output written over the last input, at the
+    same offset. `label` starts each message."""
+    rows, cols = host[0].shape
+    for offset in range(pack(dtype)):
+        dev = [dense_at(a, dtype, offset)[1] for a in host]
+        first = None
+        for kw in (dict(), dict(blocks=1), dict(blocks=3), dict()):
+            flat, out = dense_at(numpy.full((rows, cols), numpy.nan), dtype, offset, poison=True)
+            what = f"{label} offset={offset} {kw}"
+            got = call(dev, out, **kw)
+            check(got, what)
+            n = written_outside(flat, offset, rows * cols)
+            assert n == 0, f"{what}: {n} elements outside the array written"
+            bits = got.view(numpy.uint16 if got.dtype.itemsize == 2 else f"u{got.dtype.itemsize}").get()
+            if first is None:
+                first = bits
+            else:
+                assert numpy.array_equal(bits, first), f"{what}: not the bits of the planned grid's first call"
+        inout = dense_at(host[-1], dtype, offset)[1]
+        check(call(dev[:-1] + [inout], inout), f"in place {label} offset={offset}")
+
+
 def ref_softmax(x, scale=1.0, mask=None, causal=False):
     """softmax(x * scale + mask) in float64; rows with nothing kept are zeros."""
     z = numpy.asarray(x, numpy.float64) * scale

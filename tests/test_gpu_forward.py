@@ -101,13 +101,13 @@ def ahead_of(lanes, group, item, vec):
     return int(os.environ.get("PYSOFTMAX_PASSES_AHEAD", "1")) if item == 2 and vec and group and lanes > group else 0
 
 
-def straddles_passes(cols, item, inputs=1):
+def straddles_passes(cols, item):
     """Whether a contiguous row of `cols` takes rows_passes' straddling plan: 16-bit, an odd
-    width (not whole packs), two packs or more, a body (cols - 7) of at least 8 lanes of the
-    groups' packs a lane (4 for one input array, 2 for naive_backward's two), the rule on
+    width (not whole packs), two packs or more, a body (cols - 7) of at least 8 lanes of 4 packs
+    (225 columns; naive_backward's too, though its lanes take 2), the rule on
     (PYSOFTMAX_STRADDLE_PASSES)."""
     on = os.environ.get("PYSOFTMAX_STRADDLE_PASSES", "1") != "0" and os.environ.get("PYSOFTMAX_STRADDLE", "1") != "0"
-    lanes = -(-(-(-(cols - 7) // 8)) // (4 // inputs))
+    lanes = -(-(-(-(cols - 7) // 8)) // 4)
     return on and item == 2 and cols * item % 16 != 0 and cols >= 16 and lanes >= 8
 
 
@@ -157,7 +157,7 @@ def naive_backward_plan(cols, dtype):
     `cols`: groups of lanes up to two steps of a full group for vector rows (three for ragged
     ones), one for element-wise ones (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
-    straddle = straddles_passes(cols, item, inputs=2)
+    straddle = straddles_passes(cols, item)
     if straddle:  # the body's plan, in vector packs
         cols -= 16 // item - 1
     vec = straddle or cols * item % 16 == 0

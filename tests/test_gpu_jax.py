@@ -6,7 +6,6 @@ case compares all of the output with a float64 reference of fresh random inputs 
 """
 
 import contextlib
-import os
 
 import numpy
 import pytest

@@ -10,7 +10,6 @@ with outputs poisoned first; row counts leave the last group and block part full
 
 import os
 
-import numpy
 import pytest
 
 from _util import DTYPES, assert_close, assert_grad_close, poisoned, ref_softmax, rng, rounded, to_device, to_host64

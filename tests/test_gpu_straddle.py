@@ -31,8 +31,7 @@ import sys
 import numpy
 import pytest
 
-from _util import (assert_close, assert_grad_close, dense_at, pack, ref_softmax, rng, rounded, to_device, to_host64,
-                   written_outside)
+from _util import assert_close, assert_grad_close, at_every_offset, pack, ref_softmax, rng, rounded, to_device, to_host64
 
 pytestmark = pytest.mark.gpu
 
@@ -166,23 +165,9 @@ def test_straddling_rows(rows, cols, dtype, direction, family):
     else:  # no register family straddles this dtype's rows under the rules in force
         assert not (plan["family"] in ("block", "warp") and plan["straddle"]), plan
     host = inputs(g, rows, cols, dtype, direction)
-    for offset in range(pack(dtype)):
-        dev = [dense_at(a, dtype, offset)[1] for a in host]
-        first = None
-        for kw in (dict(), dict(blocks=1), dict(blocks=3), dict()):
-            flat, out = dense_at(numpy.full((rows, cols), numpy.nan), dtype, offset, poison=True)
-            what = f"{rows}x{cols} {dtype} {direction} offset={offset} {kw} {plan} seed={g.seed}"
-            got = call(direction, dev, out, **kw)
-            check(direction, got, host, dtype, what)
-            n = written_outside(flat, offset, rows * cols)
-            assert n == 0, f"{what}: {n} elements outside the array written"
-            bits = cupy.ascontiguousarray(got).view(cupy.uint8)
-            if first is None:
-                first = bits
-            elif not kw:
-                assert bool((bits == first).all()), f"{what}: repeated calls differ"
-    inout = dev[-1].copy()
-    check(direction, call(direction, dev[:-1] + [inout], inout), host, dtype, f"in place {rows}x{cols} {dtype} seed={g.seed}")
+    at_every_offset(host, dtype, lambda dev, out, **kw: call(direction, dev, out, **kw),
+                    lambda got, what: check(direction, got, host, dtype, what),
+                    f"{rows}x{cols} {dtype} {direction} {plan} seed={g.seed}")
 
 
 def test_straddling_views_and_requests():

@@ -27,7 +27,7 @@ import sys
 import numpy
 import pytest
 
-from _util import (assert_close, assert_grad_close, dense_at, np_dtype, pack, poisoned, ref_softmax, rng, rounded,
+from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, np_dtype, pack, poisoned, ref_softmax, rng, rounded,
                    to_device, to_host64, written_outside)
 
 pytestmark = pytest.mark.gpu
@@ -212,22 +212,7 @@ def test_tile_every_offset_walk_and_repeatable(dtype, cols, direction):
         host = [rounded(g.standard_normal((rows, cols)) * 3, dtype)]
         call = lambda dev, out, **kw: _ops.forward(dev[0], out=out, **kw)
         check = lambda got, what: assert_close(to_host64(got), ref_softmax(host[0]), dtype, what)
-    for offset in range(pack(dtype)):
-        dev = [dense_at(a, dtype, offset)[1] for a in host]
-        first = None
-        for kw in (dict(), dict(blocks=1), dict(blocks=3), dict()):
-            flat, out = dense_at(numpy.full((rows, cols), numpy.nan), dtype, offset, poison=True)
-            what = f"{dtype} {cols} {direction} offset={offset} {kw} seed={g.seed}"
-            got = call(dev, out, **kw)
-            check(got, what)
-            assert_kept(flat, offset, rows * cols, what)
-            bits = to_host64(got)
-            if first is None:
-                first = bits
-            else:
-                numpy.testing.assert_array_equal(bits, first, err_msg=what)
-        inout = dev[-1].copy()
-        check(call(dev[:-1] + [inout], inout), f"in place {what}")
+    at_every_offset(host, dtype, call, check, f"{dtype} {cols} {direction} seed={g.seed}")
 
 
 def test_tile_not_taken():

@@ -335,8 +335,9 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
         int64_t body = -1;
         const bool took = plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, dev, &p, &body);
         ++plans;
-        // Bodies of at least 8 lanes (kVec - 1 rounded up) of the groups' packs a lane.
-        const int64_t body_lanes = (cols - (kVec - 1) + kVec * passes_unroll<Op, kVec, false>() - 1) / (kVec * passes_unroll<Op, kVec, false>());
+        // Bodies of at least 8 lanes (kVec - 1 rounded up) of kStagedPacks packs, whatever the op's
+        // packs a lane (naive_backward's are half the forward's).
+        const int64_t body_lanes = (cols - (kVec - 1) + kVec * kStagedPacks - 1) / (kVec * kStagedPacks);
         const bool wanted = Op::kStraddles && sizeof(T) == 2 && cols >= 2 * kVec && body_lanes >= 8;
         Plan q;
         const bool body_plans = wanted && plan_passes<Op>(rows, cols - (kVec - 1), kVec, c.passes, kMaxGroup, c.block, dev, &q, c.steps,
