@@ -120,12 +120,20 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
       const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged_row<T>(stream_lanes, pack, dev.warp) ||
                           p.cols <= dev.passes_cols;
-      // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
+      // Rows that may straddle take the groups of their bodies first (plan_passes_straddling),
+      // except where a body takes a whole group of kMaxGroup lanes in one step: the straddling
+      // stream, a warp's block a row there, measured faster (docs/TUNING.md, "rows_passes",
+      // "Straddling rows").
       on_chip = kOnCluster;
       const bool in_groups = !Op::kMasked && !p.chunks && !p.threads && groups;
-      if (!(in_groups && pack == 1 &&
-            plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &plan, &body)) &&
-          !(in_groups && plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
+      Plan grouped;
+      int64_t grouped_body = 0;
+      const bool straddled =
+          in_groups && pack == 1 &&
+          plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &grouped, &grouped_body) &&
+          !(grouped.group == kMaxGroup && grouped_body <= int64_t{kMaxGroup} * grouped.packs * grouped.pack);
+      if (straddled) plan = grouped, body = grouped_body;
+      if (!straddled && !(in_groups && plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
           !plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
       break;

@@ -66,9 +66,11 @@ def test_reference_algorithms(algo, cols, dtype):
 # 320, 384, 640, 768), both sides of the ragged rows' three steps (float32 1536, 16-bit 3072) and
 # of naive's four idle group lanes (float32 1472: 92 group lanes, in groups; 1488: 93, a block).
 # 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
-# (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes.
+# (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes;
+# online's bodies of one whole group's step (777-1031 columns) take the straddling stream.
 PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 231, 233, 255, 256, 257, 320, 384,
-               511, 512, 513, 640, 768, 1000, 1023, 1024, 1025, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
+               511, 512, 513, 640, 768, 775, 777, 1000, 1023, 1024, 1025, 1031, 1033, 1280, 1472, 1488, 1520, 1536,
+               1552, 2049, 3040, 3072, 3104, 5000]
 
 
 def filled_group(lanes, steps, floor=1):
@@ -113,7 +115,8 @@ def straddles_passes(cols, item):
 
 def passes_plan(algo, cols, dtype):
     """(family, group, ahead) that hip/forward.cu's plan should give an unmasked row of `cols`
-    (NVIDIA sm_80+)."""
+    (NVIDIA sm_80+). online's straddling bodies that take a whole group of 32 lanes in one step
+    (777-1031 columns) take the straddling stream instead."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
     straddle = straddles_passes(cols, item)
     if straddle:  # the body's plan, in vector packs
@@ -131,6 +134,8 @@ def passes_plan(algo, cols, dtype):
     group = filled_group(lanes, 1, floor) if lanes <= 32 * reach else 0
     stream_lanes = -(-packs // (4 if vec else 16))
     grouped = lanes <= 32 * reach and (item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0))
+    if straddle and group == 32 and lanes <= 32:  # a body of one whole group's step: the straddling stream
+        grouped = False
     return ("passes", group, ahead_of(lanes, group, item, vec)) if grouped else ("stream", None, 0)
 
 

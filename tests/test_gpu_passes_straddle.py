@@ -58,7 +58,10 @@ CASES = [
     (301, 233, "float16", "naive_backward", 16),
     (299, 257, "bfloat16", "naive_backward", 16),
     (300, 513, "bfloat16", "online", 16),
+    (300, 769, "bfloat16", "online", 8),
+    (300, 777, "float16", "online", None),
     (300, 1001, "float16", "naive", 32),
+    (300, 1031, "bfloat16", "online", None),
     (300, 1033, "bfloat16", "online", 16),
     (300, 1033, "bfloat16", "naive_backward", 32),
     (300, 2049, "bfloat16", "naive", 0),
@@ -108,7 +111,8 @@ def test_passes_straddling(rows, cols, dtype, algo, group):
     g = rng()
     host = inputs(g, rows, cols, dtype, algo)
     at_every_offset(host, dtype, lambda dev, out, **kw: call(algo, dev, out, **kw),
-                    lambda got, what: check(algo, got, host, dtype, what), f"{rows}x{cols} {dtype} {algo} {plan} seed={g.seed}")
+                    lambda got, what: check(algo, got, host, dtype, what),
+                    f"{rows}x{cols} {dtype} {algo} {plan} seed={g.seed}")
 
 
 @pytest.mark.parametrize("rows,cols,dtype,algo", [(300, 1024, "bfloat16", "online"), (257, 256, "float16", "naive"),
