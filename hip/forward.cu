@@ -132,10 +132,12 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
           in_groups && pack == 1 &&
           plan_passes_straddling<Op>(p.rows, p.cols, 2, kMaxGroup, false, 1, straddles, dev, &grouped, &grouped_body) &&
           !(grouped.group == kMaxGroup && grouped_body <= int64_t{kMaxGroup} * grouped.packs * grouped.pack);
-      if (straddled) plan = grouped, body = grouped_body;
-      if (!straddled && !(in_groups && plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
-          !plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip))
+      if (straddled) {
+        plan = grouped, body = grouped_body;
+      } else if (!(in_groups && plan_passes<Op>(p.rows, p.cols, pack, 2, kMaxGroup, false, dev, &plan)) &&
+                 !plan_rows<Op>(p.rows, p.cols, pack, SOFTMAX_FAMILY_STREAM, p.chunks, p.threads, dev, &plan, on_chip)) {
         return fail(SOFTMAX_ERROR_UNSUPPORTED, "online: this GPU's shared memory cannot hold the stream's stage");
+      }
       break;
     }
     case SOFTMAX_ALGO_NAIVE:

@@ -17,8 +17,8 @@ short), groups of 16 and 32, a group's several steps (with L2 asked ahead), naiv
 over one and several steps, online's widths that the stream takes, float32. They check the plan, every column against
 float64 (the rows' largest values put in columns outside the body), that nothing outside the
 output is written, every offset inside the pack, grids of one and three blocks walking every row,
-the same bits twice, and the output over the input; and rows of whole packs whose arrays all
-start off a pack boundary.
+the same bits from every grid, and the output over the input at its offset; and rows of whole
+packs whose arrays all start off a pack boundary.
 """
 
 import os
@@ -28,8 +28,8 @@ import sys
 import numpy
 import pytest
 
-from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, pack, ref_softmax, rng, rounded, to_host64,
-                   written_outside)
+from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, pack, ref_softmax, rng, rounded,
+                   to_host64, written_outside)
 
 pytestmark = pytest.mark.gpu
 

@@ -21,7 +21,8 @@ group width and count of packs rows_warp holds the bodies in, rows_block's short
 rows, and one past what the element-wise plan holds (the stream of the bodies). They check the
 plan, every column against float64, that nothing outside the arrays is written (outputs inside
 poisoned buffers), every offset inside the pack, grids of one and three blocks walking every row
-(each row its own head), the same bits twice, and the output over an input.
+(each row its own head), the same bits from every grid, and the output over an input at its
+offset.
 """
 
 import os

@@ -27,8 +27,8 @@ import sys
 import numpy
 import pytest
 
-from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, np_dtype, pack, poisoned, ref_softmax, rng, rounded,
-                   to_device, to_host64, written_outside)
+from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, np_dtype, pack, poisoned, ref_softmax,
+                   rng, rounded, to_device, to_host64, written_outside)
 
 pytestmark = pytest.mark.gpu
 
@@ -200,8 +200,9 @@ def test_tile_rows_unfitted_grid():
                                                 ("float16", 99, "forward"), ("bfloat16", 127, "forward")])
 def test_tile_every_offset_walk_and_repeatable(dtype, cols, direction):
     """Every offset inside the pack (a tile's first and last packs partial in every way), grids of
-    one and of three blocks walking all tiles through both buffers, the same bits twice, and the
-    output written over an input (dx over dy, y over x); element-wise and straddling rows."""
+    one and of three blocks walking all tiles through both buffers, the same bits from every grid,
+    and the output written over an input at its offset (dx over dy, y over x); element-wise and
+    straddling rows."""
     g = rng()
     rows = 1203
     if direction == "backward":
