@@ -157,9 +157,11 @@ struct DeviceInfo {
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
   bool tile_vec = true;                  // rows_tile's rows may straddle in vector packs (PYSOFTMAX_TILE_VEC)
   bool tile_fit = true;                  // rows_tile's grid no larger than its kernel runs at once (PYSOFTMAX_TILE_FIT)
+  bool tile_trim = true;                 // rows_tile's element-wise lanes trim their slots (tile_slots; PYSOFTMAX_TILE_TRIM)
   int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
   int passes_ahead = kPassesAhead;       // rows_passes' steps asked of L2 ahead, 16-bit groups (sweep_row; PYSOFTMAX_PASSES_AHEAD)
   int passes_steps = kPassesFillSteps;   // most steps of a group a ragged vector row takes (plan_passes; PYSOFTMAX_PASSES_STEPS)
+  bool passes_halve = true;              // plan_passes' halved ties (PYSOFTMAX_PASSES_HALVE=0: off)
   int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
   int stream_depth = kStreamDepth;       // most steps a stream not holding its rows has in flight (PYSOFTMAX_STREAM_DEPTH)
@@ -254,6 +256,9 @@ inline int device_info(DeviceInfo* out) {
   // memory holds, uncapped by the blocks its kernel runs at once (measurement; docs/TUNING.md,
   // "plan_tile").
   if (const char* tf = getenv("PYSOFTMAX_TILE_FIT")) info.tile_fit = !(tf[0] == '0' && !tf[1]);
+  // PYSOFTMAX_TILE_TRIM, read once a device: "0" gives every element-wise tile lane its whole
+  // step, padded slots and all (measurement).
+  if (const char* tt = getenv("PYSOFTMAX_TILE_TRIM")) info.tile_trim = !(tt[0] == '0' && !tt[1]);
   // PYSOFTMAX_PASSES_FILL, read once a device: plan_passes' fill rule down to groups of N lanes;
   // "0" turns it off (measurement).
   if (const char* pf = getenv("PYSOFTMAX_PASSES_FILL")) info.passes_fill = atoi(pf);
@@ -262,6 +267,9 @@ inline int device_info(DeviceInfo* out) {
   // past the callers' own) (measurement).
   if (const char* pa = getenv("PYSOFTMAX_PASSES_AHEAD")) info.passes_ahead = atoi(pa);
   if (const char* ps = getenv("PYSOFTMAX_PASSES_STEPS")) info.passes_steps = atoi(ps);
+  // PYSOFTMAX_PASSES_HALVE=0, read once a device: plan_passes' ties keep the wider group
+  // (measurement).
+  if (const char* ph = getenv("PYSOFTMAX_PASSES_HALVE")) info.passes_halve = !(ph[0] == '0' && !ph[1]);
   // PYSOFTMAX_CLUSTER_MIN, read once a device: the first cluster size plan_stream_at tries (a row
   // that no larger size holds may still take fewer blocks; measurement; docs/TUNING.md,
   // "plan_stream_at: clusters").
@@ -679,14 +687,19 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
     p.group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(next_pow2(lanes), min_group), max_group));
     // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps
     // idle (16-bit rows of 384 columns: 12 lanes' worth, 4 lanes of 3 steps, not 16 lanes with a
-    // quarter idle), down to kPassesFillGroup lanes and up to kPassesFillSteps steps; ties keep
-    // the wider group.
+    // quarter idle), down to kPassesFillGroup lanes and up to kPassesFillSteps steps. Ties keep
+    // the wider group, but for a 16-bit vector row that one step of the group holds with pack
+    // slots idle: half the group takes it in two steps, the second asked of L2 ahead (p.ahead),
+    // which measured faster there and slower on rows that fill the step (docs/TUNING.md,
+    // "rows_passes: halved ties").
     if (dev.passes_fill > 0) {
       int64_t best = int64_t{p.group} * ceil_div(lanes, p.group);
+      const bool may_halve = dev.passes_halve && sizeof(T) == 2 && pack > 1;
       for (int g = p.group / 2; g >= std::max(dev.passes_fill, min_group) && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps);
            g /= 2) {
         const int64_t used = int64_t{g} * ceil_div(lanes, g);
-        if (used < best) best = used, p.group = g;
+        const bool halves = may_halve && used == best && lanes <= p.group && packs < int64_t{p.group} * p.packs;
+        if (used < best || halves) best = used, p.group = g;
       }
     }
     p.threads = kBlockTargetThreads;
@@ -1179,6 +1192,16 @@ bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_til
   } else {
     return false;
   }
+  // Element-wise rows that one step of the group holds: each lane works the fewest slots of its
+  // step that hold its columns (tile_slots), as the lanes' padded slots cost what live ones do
+  // (docs/TUNING.md, "plan_tile"; dev.tile_trim, PYSOFTMAX_TILE_TRIM=0: the whole step). Not
+  // exactly the columns of the row's first lanes where the others have one fewer: load_span
+  // decides its test-free path lane by lane, and the warp would issue both paths.
+  if (!p.straddle && p.group && dev.tile_trim) {
+    const int64_t needed = ceil_div(cols, p.group);
+    const int slots = tile_slots(needed, p.packs);
+    p.packs = slots == needed && cols % p.group ? tile_slots(needed + 1, p.packs) : slots;
+  }
   p.tile = static_cast<int>(std::min<int64_t>(p.tile, rows));
   p.stage = stage_of(p.tile);
   // As many blocks as the SM's shared memory holds at once, walking the tiles; launch() also caps
@@ -1200,11 +1223,11 @@ int launch_tile(const Op& op, int64_t rows, const Plan& p, hipStream_t s) {
   } else {
     constexpr int kVec = vec_pack<typename Op::Storage>();
     if (p.pack > 1) {
-      if (p.group == 0) return launch(rows_tile<Op, true, kVec>, "rows_tile", p, s, op, rows, 0, p.tile);
-      return launch(rows_tile<Op, false, kVec>, "rows_tile", p, s, op, rows, p.group, p.tile);
+      if (p.group == 0) return launch(rows_tile<Op, true, kVec>, "rows_tile", p, s, op, rows, 0, p.tile, p.packs);
+      return launch(rows_tile<Op, false, kVec>, "rows_tile", p, s, op, rows, p.group, p.tile, p.packs);
     }
-    if (p.group == 0) return launch(rows_tile<Op, true, 1>, "rows_tile", p, s, op, rows, 0, p.tile);
-    return launch(rows_tile<Op, false, 1>, "rows_tile", p, s, op, rows, p.group, p.tile);
+    if (p.group == 0) return launch(rows_tile<Op, true, 1>, "rows_tile", p, s, op, rows, 0, p.tile, p.packs);
+    return launch(rows_tile<Op, false, 1>, "rows_tile", p, s, op, rows, p.group, p.tile, p.packs);
   }
 }
 

@@ -851,6 +851,7 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks
 // block, a row at a time): where one step of the group covers the row, in registers (the op's
 // finish); else the op's statistic in one sweep and the results in a second, both over the
 // buffer. The results overwrite the first input's copy, which leaves as aligned packs.
+// Element-wise lanes of a row held in one step work `slots` of their kStep (tile_slots).
 // kPack 1: a row's columns element by element (shared memory takes any alignment). kPack the
 // vector pack (kStraddle): op.cols is the row's body, cols - (kPack - 1) columns from its first
 // pack boundary, read and written as aligned packs of the copy; the kPack - 1 columns outside it
@@ -876,13 +877,30 @@ template <typename Op, int kPack> constexpr int tile_unroll() {
 template <typename Op, int kPack> constexpr int tile_min_blocks() {
   return kPack > 1 ? Op::kTileVecBlocks : Op::kTileBlocks;
 }
+// The slots an element-wise lane of rows_tile works a step where one step of its group holds the
+// row: the fewest of kStep * 4/8, 5/8, 6/8, 7/8 that hold the `needed` columns of the lane, else
+// kStep. A slot past the row's end costs a padded load and its share of the op's finish, as a
+// live one does (plan_tile).
+__host__ __device__ constexpr int tile_slots(int64_t needed, int step) {
+  return needed <= step * 4 / 8 ? step * 4 / 8 : needed <= step * 5 / 8 ? step * 5 / 8
+       : needed <= step * 6 / 8 ? step * 6 / 8 : needed <= step * 7 / 8 ? step * 7 / 8 : step;
+}
+// body(std::integral_constant<int, N>) for the plan's `slots` (one of tile_slots' counts, else kStep).
+template <int kStep, typename Body> __device__ __forceinline__ void with_tile_slots(int slots, Body&& body) {
+  static_assert(kStep % 8 == 0, "tile_slots: eighths of the step");
+  if (slots == kStep * 4 / 8) return body(std::integral_constant<int, kStep * 4 / 8>());
+  if (slots == kStep * 5 / 8) return body(std::integral_constant<int, kStep * 5 / 8>());
+  if (slots == kStep * 6 / 8) return body(std::integral_constant<int, kStep * 6 / 8>());
+  if (slots == kStep * 7 / 8) return body(std::integral_constant<int, kStep * 7 / 8>());
+  return body(std::integral_constant<int, kStep>());
+}
 // Packs of one array's copy: the range of `rows` rows and the partial pack before it.
 template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t rows, int64_t cols) {
   return (vec_pack<T>() - 1 + rows * cols + vec_pack<T>() - 1) / vec_pack<T>();
 }
 
 template <typename Op, bool kBlockRow, int kPack>
-__global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void rows_tile(const Op op, int64_t rows, int group, int tile_rows) {
+__global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void rows_tile(const Op op, int64_t rows, int group, int tile_rows, int slots) {
   using T = typename Op::Storage;
   using C = typename Op::C;
   using Item = typename Op::Item;
@@ -961,9 +979,19 @@ __global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void 
       if constexpr (kStraddle) op.template load<1, 1>(w, outside_column(lane, h, op.cols), live && outside_lane, v + kStep);
       if (op.cols <= step_cols) {
         const Span span{0, lane, width, op.cols};
-        op.template load<kPack, kUnroll>(w, span, live, v);
-        op.template finish<kStep + (kStraddle ? 1 : 0)>(v, [&](auto x, auto rop) { return reduce(x, rop, value_scratch); });
-        if (live) op.template store<kPack, kUnroll, true>(w, span, v);
+        const auto reduce_value = [&](auto x, auto rop) { return reduce(x, rop, value_scratch); };
+        if constexpr (kStraddle) {
+          op.template load<kPack, kUnroll>(w, span, live, v);
+          op.template finish<kStep + 1>(v, reduce_value);
+          if (live) op.template store<kPack, kUnroll, true>(w, span, v);
+        } else {  // the plan's `slots` of the lane's kStep (tile_slots)
+          with_tile_slots<kStep>(slots, [&](auto n) {
+            constexpr int N = decltype(n)::value;
+            op.template load<1, N>(w, span, live, v);
+            op.template finish<N>(v, reduce_value);
+            if (live) op.template store<1, N, true>(w, span, v);
+          });
+        }
       } else {
         Stat st = Op::stat_init();
         if constexpr (kStraddle) op.template accumulate<1>(st, v + kStep);

@@ -67,23 +67,30 @@ def test_reference_algorithms(algo, cols, dtype):
 # of naive's four idle group lanes (float32 1472: 92 group lanes, in groups; 1488: 93, a block).
 # 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
 # (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes;
-# online's bodies of one whole group's step (777-1031 columns) take the straddling stream.
-PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 231, 233, 255, 256, 257, 320, 384,
-               511, 512, 513, 640, 768, 775, 777, 1000, 1023, 1024, 1025, 1031, 1033, 1280, 1472, 1488, 1520, 1536,
-               1552, 2049, 3040, 3072, 3104, 5000]
+# 16-bit vector rows (and bodies) that one step of a group holds with pack slots idle take half
+# the group over two steps (200, 248, 777, 1000, 1016; 256 and 1024 fill theirs); online's bodies
+# that fill one step of a whole group (1025-1031 columns) take the straddling stream.
+PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 200, 231, 233, 248, 255, 256, 257,
+               320, 384, 511, 512, 513, 640, 768, 775, 777, 1000, 1016, 1023, 1024, 1025, 1031, 1033, 1280, 1472, 1488,
+               1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
 
 
-def filled_group(lanes, steps, floor=1):
+def filled_group(lanes, steps, floor=1, halve=None):
     """plan_passes' group for rows of `lanes` lanes' worth taking up to `steps` steps: the power of
     two holding them (at least `floor`, at most 32), then the fill rule: a narrower group (down to
     4 lanes, or PYSOFTMAX_PASSES_FILL's, and `floor`; up to 3 steps or `steps`) where its
-    lane-steps are fewer, ties to the wider."""
+    lane-steps are fewer. Ties keep the wider group, but where `halve` = (packs, packs a lane) of a
+    16-bit vector row that one step of the group holds with pack slots idle: half the group
+    (PYSOFTMAX_PASSES_HALVE=0: off)."""
     group = min(max(1 << max(0, (lanes - 1).bit_length()), floor), 32)
     narrowest = int(os.environ.get("PYSOFTMAX_PASSES_FILL", "4") or 0)
+    halving = halve is not None and os.environ.get("PYSOFTMAX_PASSES_HALVE", "1") != "0"
     best, g = group * -(-lanes // group), group // 2
     while narrowest > 0 and g >= max(narrowest, floor) and -(-lanes // g) <= max(steps, 3):
-        if g * -(-lanes // g) < best:
-            best, group = g * -(-lanes // g), g
+        used = g * -(-lanes // g)
+        ties = halving and used == best and lanes <= group and halve[0] < group * halve[1]
+        if used < best or ties:
+            best, group = used, g
         g //= 2
     return group
 
@@ -116,7 +123,7 @@ def straddles_passes(cols, item):
 def passes_plan(algo, cols, dtype):
     """(family, group, ahead) that hip/forward.cu's plan should give an unmasked row of `cols`
     (NVIDIA sm_80+). online's straddling bodies that take a whole group of 32 lanes in one step
-    (777-1031 columns) take the straddling stream instead."""
+    (1025-1031 columns; 777-1024 with PYSOFTMAX_PASSES_HALVE=0) take the straddling stream instead."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
     straddle = straddles_passes(cols, item)
     if straddle:  # the body's plan, in vector packs
@@ -127,11 +134,12 @@ def passes_plan(algo, cols, dtype):
     packs = -(-cols // pack)
     per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
     lanes = -(-packs // per_lane)
+    halve = (packs, per_lane) if item == 2 and vec else None
     if algo == "naive":
-        group = filled_group(lanes, 1, floor) if lanes <= 32 * group_reach(lanes, vec, item, 1, block=True) else 0
+        group = filled_group(lanes, 1, floor, halve) if lanes <= 32 * group_reach(lanes, vec, item, 1, block=True) else 0
         return "passes", group, ahead_of(lanes, group, item, vec)
     reach = group_reach(lanes, vec, item, 1)
-    group = filled_group(lanes, 1, floor) if lanes <= 32 * reach else 0
+    group = filled_group(lanes, 1, floor, halve) if lanes <= 32 * reach else 0
     stream_lanes = -(-packs // (4 if vec else 16))
     grouped = lanes <= 32 * reach and (item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0))
     if straddle and group == 32 and lanes <= 32:  # a body of one whole group's step: the straddling stream
@@ -168,11 +176,12 @@ def naive_backward_plan(cols, dtype):
     vec = straddle or cols * item % 16 == 0
     pack = 16 // item if vec else 1
     per_lane = max(1, min(32 // (pack * 2 * (2 if item == 8 else 1)), 8, 64 // (pack * item)))
-    lanes = -(-(-(-cols // pack)) // per_lane)
+    packs = -(-cols // pack)
+    lanes = -(-packs // per_lane)
     steps = 2 if pack > 1 else 1
     if lanes > 32 * group_reach(lanes, vec, item, steps):
         return "stream", None, 0
-    group = filled_group(lanes, steps, 8 if straddle else 1)
+    group = filled_group(lanes, steps, 8 if straddle else 1, (packs, per_lane) if item == 2 and vec else None)
     return "passes", group, ahead_of(lanes, group, item, vec)
 
 

@@ -15,6 +15,9 @@ subprocesses to reach the kernel's other paths. The grid is capped at the blocks
 at once; PYSOFTMAX_TILE_FIT=0 leaves it at the blocks the shared memory holds:
 test_tile_rows_unfitted_grid runs the default cases so.
 
+Element-wise lanes of a row that one step of their group holds work only the slots of the step
+that hold its columns, in eighths of it (PYSOFTMAX_TILE_TRIM=0: the whole step).
+
 The tests check the plan, every column's value against float64, that nothing outside the
 arrays is written (outputs inside poisoned buffers), the partial packs at a tile's two ends at
 every offset inside the pack, and the tiles' walk when fewer blocks than tiles run.
@@ -66,6 +69,19 @@ def straddles(cols, dtype, direction):
     return WIDENED or cols >= VEC_FROM.get((direction, size), 1 << 62)
 
 
+def lane_slots(cols, group, dtype, direction):
+    """The slots an element-wise lane works a step (plan_tile, tile_slots): where one step of its
+    group holds the row, the fewest eighths of the step (at least half) that hold its columns,
+    and more than them where the row's last lanes hold one fewer (no lane alone takes the loader's
+    test-free path); else, or with PYSOFTMAX_TILE_TRIM=0, the whole step (32 values a lane,
+    halved for the backward's pairs and again for float64)."""
+    step = 32 // (2 if direction == "backward" else 1) // (2 if np_dtype(dtype).itemsize == 8 else 1)
+    needed = -(-cols // group) + (1 if cols % group else 0) if group else step + 1
+    if os.environ.get("PYSOFTMAX_TILE_TRIM") == "0" or needed > step:
+        return step
+    return max(step // 2, -(-needed * 8 // step) * step // 8)
+
+
 def run(dev, out, **kw):
     return _ops.backward_impl(dev[0], dev[1], out=out, **kw)
 
@@ -85,6 +101,7 @@ def check_case(rows, cols, dtype, direction, group):
         assert plan["family"] == "tile" and plan["tile"] >= 1 and plan["stage"] > 0, plan
         assert plan["straddle"] == int(vec) and plan["pack"] == (pack(dtype) if vec else 1), plan
         assert group is None or plan["group"] == group, plan
+        assert vec or plan["packs"] == lane_slots(cols, plan["group"], dtype, direction), plan
     else:
         assert plan["family"] != "tile", plan
     if direction == "backward":
@@ -130,6 +147,21 @@ CASES = [
 @pytest.mark.parametrize("rows,cols,dtype,direction,group", CASES)
 def test_tile_rows(rows, cols, dtype, direction, group):
     check_case(rows, cols, dtype, direction, group)
+
+
+# Every element-wise width of the default rule, each side of every count of slots a lane trims
+# its step to (the forward's 16-bit rows of 16-111 columns and float32 of 16-99, the backward's
+# 16-bit rows of 1-111).
+SLOT_WIDTHS = [("bfloat16", "forward", range(16, 112)), ("float32", "forward", range(16, 100)),
+               ("float16", "backward", range(1, 112))]
+
+
+@pytest.mark.parametrize("dtype,direction,widths", SLOT_WIDTHS, ids=lambda v: v if isinstance(v, str) else "")
+def test_tile_lane_slots_every_width(dtype, direction, widths):
+    """Each odd width (not a whole number of packs) that the rule tiles element by element."""
+    for cols in widths:
+        if cols % pack(dtype):
+            check_case(133, cols, dtype, direction, None)
 
 
 # Tiles enough for grids past what the kernels run at once on an H200 (the element-wise forward

@@ -295,9 +295,23 @@ template <typename Op> void check_tile(const char* op, int64_t stage_bytes, int 
               (p.group && (p.group > kMaxGroup || (p.group & (p.group - 1)) || (p.tile < groups && p.tile != rows))) ||
               p.blocks < 1 || p.blocks > ceil_div(rows, p.tile) || p.blocks > int64_t{dev.sms} * kMaxBlocksPerSm)
             report(op, "tile plan malformed", 0, 1, 0, cols, p);
-          if (p.straddle != straddles || p.pack != (straddles ? kVec : 1) || p.packs * p.pack != (straddles ? tile_unroll<Op, kVec>() : tile_unroll<Op, 1>()) ||
+          // Element-wise lanes of a row that one step of the group holds work the fewest eighths
+          // of their step (at least half) that hold their columns, and more than them where the
+          // row's last lanes hold one fewer; others the whole step.
+          const int step = straddles ? tile_unroll<Op, kVec>() : tile_unroll<Op, 1>();
+          const int64_t needed = p.group ? ceil_div(cols, p.group) : step + 1;
+          const int64_t held = p.group && cols % p.group ? needed + 1 : needed;
+          const int slots = straddles || held > step ? step : std::max<int>(step / 2, static_cast<int>(ceil_div(held * 8, step)) * step / 8);
+          if (p.straddle != straddles || p.pack != (straddles ? kVec : 1) || p.packs * p.pack != (straddles ? step : slots) ||
               body != (straddles ? cols - (kVec - 1) : cols) || (straddles && p.group && p.group < kVec - 1))
             report(op, "tile plan's pack, body or group wrong", 0, p.pack, 0, cols, p);
+          if (!straddles) {
+            Plan whole = element_wise;
+            DeviceInfo untrimmed = dev;
+            untrimmed.tile_trim = false;
+            if (!plan_tile<Op>(rows, cols, SOFTMAX_FAMILY_AUTO, 0, true, untrimmed, &whole, &body) || whole.packs != step)
+              report(op, "tile lanes trimmed with PYSOFTMAX_TILE_TRIM=0", 0, 1, 0, cols, whole);
+          }
           Plan off = element_wise;
           DeviceInfo none = dev;
           none.tile_bytes = 0;
