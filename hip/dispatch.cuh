@@ -1195,8 +1195,9 @@ bool plan_tile(int64_t rows, int64_t cols, int family, int threads, bool may_til
   // Element-wise rows that one step of the group holds: each lane works the fewest slots of its
   // step that hold its columns (tile_slots), as the lanes' padded slots cost what live ones do
   // (docs/TUNING.md, "plan_tile"; dev.tile_trim, PYSOFTMAX_TILE_TRIM=0: the whole step). Not
-  // exactly the columns of the row's first lanes where the others have one fewer: load_span
-  // decides its test-free path lane by lane, and the warp would issue both paths.
+  // exactly the columns of the row's first lanes where the others have one fewer: store_span
+  // decides its test-free path lane by lane (the loads vote as a warp: SpanT kWarpReach), and
+  // the warp would issue both paths.
   if (!p.straddle && p.group && dev.tile_trim) {
     const int64_t needed = ceil_div(cols, p.group);
     const int slots = tile_slots(needed, p.packs);

@@ -58,7 +58,10 @@ template <typename T> constexpr int max_scalar_items() { return max_items<T>() /
 // kNarrow (rows_warp's spans): base 0 and every bound passed in 1..end < 2^31, so a bound is its
 // own local count, without the 64-bit clamps that rows_warp would otherwise pay on every row
 // (docs/TUNING.md, "SpanT (hip/span.cuh)", for both).
-template <bool kNarrow = false> struct SpanT {
+// kWarpReach (rows_tile's element-wise loads): every lane of the warp loads a span of the same
+// row length, and with_reach decides the test-free path for the warp as one; every lane must load.
+template <bool kNarrow = false, bool kWarpReach = false> struct SpanT {
+  static constexpr bool kWarpWide = kWarpReach;
   int64_t base;
   int lane, width;
   int64_t end;
@@ -147,7 +150,9 @@ template <bool kCut, bool kFull = false, bool kWhole = false> struct Reach {
 // the tests are a sizeable share of the instructions (docs/TUNING.md, "with_reach (hip/span.cuh)").
 // kCut (the forward ops with a causal limit, kCausalLimit and kAdditive, whose bound may lie before
 // the span's end): rows differ, and the warp decides as one (every caller runs its loaders with
-// the whole warp), or the lanes of a warp holding several rows would run both paths.
+// the whole warp), or the lanes of a warp holding several rows would run both paths. So does a
+// kWarpReach span: where a row's first lanes fill their slots and its last lanes hold one column
+// fewer, lane by lane the warp would issue both paths (rows_tile).
 // kSplitCut: whether a cut loader takes the split at all; where it does not, the tests stay
 // (16-bit rows with a boolean mask, which the split slows: docs/TUNING.md, "kSplitCut (hip/span.cuh)").
 // The bound never lies past the span's end (callers pass min(limit, end)): n() == kPack relies on it.
@@ -164,7 +169,7 @@ __device__ __forceinline__ void with_reach(const S& s, int64_t bound, bool live,
     fn(reach);
   } else {
     const bool full = reach.lim >= s.template off<kPack>(kPacks - 1) + kPack;  // the thread's last pack's end
-    if (kCut ? warp_all(full) : full) {
+    if (kCut || S::kWarpWide ? warp_all(full) : full) {
       fn(Reach<kCut, true>(reach.lim, reach.end));
     } else if constexpr (kWholeSplit && !kCut && kPack > 1) {
       if (reach.lim % kPack == 0) {

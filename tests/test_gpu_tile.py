@@ -72,8 +72,8 @@ def straddles(cols, dtype, direction):
 def lane_slots(cols, group, dtype, direction):
     """The slots an element-wise lane works a step (plan_tile, tile_slots): where one step of its
     group holds the row, the fewest eighths of the step (at least half) that hold its columns,
-    and more than them where the row's last lanes hold one fewer (no lane alone takes the loader's
-    test-free path); else, or with PYSOFTMAX_TILE_TRIM=0, the whole step (32 values a lane,
+    and more than them where the row's last lanes hold one fewer (no lane alone takes the
+    storer's test-free path); else, or with PYSOFTMAX_TILE_TRIM=0, the whole step (32 values a lane,
     halved for the backward's pairs and again for float64)."""
     step = 32 // (2 if direction == "backward" else 1) // (2 if np_dtype(dtype).itemsize == 8 else 1)
     needed = -(-cols // group) + (1 if cols % group else 0) if group else step + 1
