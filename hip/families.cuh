@@ -985,8 +985,8 @@ __global__ __launch_bounds__(kTileThreads, (tile_min_blocks<Op, kPack>())) void 
           op.template finish<kStep + 1>(v, reduce_value);
           if (live) op.template store<kPack, kUnroll, true>(w, span, v);
         } else {  // the plan's `slots` of the lane's kStep (tile_slots); every lane loads
-          with_tile_slots<kStep>(slots, [&](auto n) {
-            constexpr int N = decltype(n)::value;
+          with_tile_slots<kStep>(slots, [&](auto count) {
+            constexpr int N = decltype(count)::value;
             op.template load<1, N>(w, SpanT<false, true>{0, lane, width, op.cols}, live, v);
             op.template finish<N>(v, reduce_value);
             if (live) op.template store<1, N, true>(w, span, v);

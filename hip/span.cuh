@@ -236,6 +236,7 @@ __device__ __forceinline__ void load_span(const T* row, const S& s, int64_t boun
 template <typename T, int kPack, int kPacks, bool kCut = false, bool kSplitCut = true, bool kWholeSplit = false,
           typename S>
 __device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t bound, bool live, const Stage& st) {
+  static_assert(!S::kWarpWide, "prefetch_span: callers need not be the whole warp, so it never votes");
   if constexpr (kPack * sizeof(T) == kPackBytes) {  // element-wise packs are never staged
     const T* p = row + s.base;
     with_reach<kCut, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
@@ -261,6 +262,7 @@ __device__ __forceinline__ void prefetch_span(const T* row, const S& s, int64_t 
 // memory (store_pack).
 template <typename T, int kPack, int kPacks, bool kWholeSplit = false, bool kShared = false, typename S>
 __device__ __forceinline__ void store_span(T* row, const S& s, const Narrowed<T, kPack> (&out)[kPacks]) {
+  static_assert(!S::kWarpWide, "store_span: live rows store alone (rows_tile), so it never votes");
   T* p = row + s.base;
   with_reach<false, kPack, kPacks, true, kWholeSplit>(s, s.end, true, [&](const auto& reach) {
 #pragma unroll
