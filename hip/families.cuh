@@ -878,21 +878,26 @@ template <typename Op, int kPack> constexpr int tile_min_blocks() {
   return kPack > 1 ? Op::kTileVecBlocks : Op::kTileBlocks;
 }
 // The slots an element-wise lane of rows_tile works a step where one step of its group holds the
-// row: the fewest of kStep * 4/8, 5/8, 6/8, 7/8 that hold the `needed` columns of the lane, else
-// kStep. A slot past the row's end costs a padded load and its share of the op's finish, as a
-// live one does (plan_tile).
+// row: the fewest eighths of kStep, from kTileSlotEighths of them, that hold the `needed` columns
+// of the lane, else kStep. A slot past the row's end costs a padded load and its share of the
+// op's finish, as a live one does (plan_tile).
+// From half: a group is the fewest lanes that hold the row, so only a one-lane group needs less.
+constexpr int kTileSlotEighths = 4;
 __host__ __device__ constexpr int tile_slots(int64_t needed, int step) {
-  return needed <= step * 4 / 8 ? step * 4 / 8 : needed <= step * 5 / 8 ? step * 5 / 8
-       : needed <= step * 6 / 8 ? step * 6 / 8 : needed <= step * 7 / 8 ? step * 7 / 8 : step;
+  for (int k = kTileSlotEighths; k < 8; ++k)
+    if (needed <= step * k / 8) return step * k / 8;
+  return step;
 }
 // body(std::integral_constant<int, N>) for the plan's `slots` (one of tile_slots' counts, else kStep).
-template <int kStep, typename Body> __device__ __forceinline__ void with_tile_slots(int slots, Body&& body) {
+template <int kStep, int kEighths = kTileSlotEighths, typename Body>
+__device__ __forceinline__ void with_tile_slots(int slots, Body&& body) {
   static_assert(kStep % 8 == 0, "tile_slots: eighths of the step");
-  if (slots == kStep * 4 / 8) return body(std::integral_constant<int, kStep * 4 / 8>());
-  if (slots == kStep * 5 / 8) return body(std::integral_constant<int, kStep * 5 / 8>());
-  if (slots == kStep * 6 / 8) return body(std::integral_constant<int, kStep * 6 / 8>());
-  if (slots == kStep * 7 / 8) return body(std::integral_constant<int, kStep * 7 / 8>());
-  return body(std::integral_constant<int, kStep>());
+  if constexpr (kEighths < 8) {
+    if (slots == kStep * kEighths / 8) return body(std::integral_constant<int, kStep * kEighths / 8>());
+    return with_tile_slots<kStep, kEighths + 1>(slots, body);
+  } else {
+    return body(std::integral_constant<int, kStep>());
+  }
 }
 // Packs of one array's copy: the range of `rows` rows and the partial pack before it.
 template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t rows, int64_t cols) {
