@@ -134,6 +134,9 @@ constexpr int kMaxStreamDepth = 8;
 // plan_grid's cost of a streamed step past a step held, in steps: a whole step, since the streamed
 // steps go one at a time, each read twice, and hide neither read (docs/TUNING.md, "plan_grid").
 constexpr double kGridReread = 1.0;
+// plan_grid's cost of a lagged row's barrier, in steps: what a row's wait costs once the next row
+// was reduced under it (docs/TUNING.md, "plan_grid: lagged rows").
+constexpr double kGridLagRowCost = 0.125;
 // Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
 // 2, every dtype's (docs/TUNING.md, "plan_straddling").
 constexpr int kStraddleBlock = 1;
@@ -145,6 +148,8 @@ struct DeviceInfo {
   bool cooperative = false; // cooperative launches (rows_stream kShareGrid)
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
   double grid_reread = kGridReread;  // plan_grid's cost of a streamed step (PYSOFTMAX_GRID_REREAD)
+  int grid_lag = -1;        // plan_grid's lagged plans: -1 by the model, 0 never, 1 wherever one holds the row (PYSOFTMAX_GRID_LAG)
+  double grid_lag_cost = kGridLagRowCost;  // plan_grid's cost of a lagged row's barrier (PYSOFTMAX_GRID_LAG_COST)
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
   bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
@@ -222,6 +227,11 @@ inline int device_info(DeviceInfo* out) {
     // PYSOFTMAX_GRID_REREAD, read once a device: plan_grid's cost of a streamed step, in steps,
     // 0 to 8 (measurement; docs/TUNING.md, "plan_grid").
     if (const char* rr = getenv("PYSOFTMAX_GRID_REREAD")) info.grid_reread = std::min(8.0, std::max(0.0, atof(rr)));
+    // PYSOFTMAX_GRID_LAG, read once a device: "0" no lagged grid plan, "1" a lagged plan wherever
+    // one holds the row; PYSOFTMAX_GRID_LAG_COST (0-8) replaces kGridLagRowCost (measurement;
+    // docs/TUNING.md, "plan_grid: lagged rows").
+    if (const char* gl = getenv("PYSOFTMAX_GRID_LAG"); gl && (gl[0] == '0' || gl[0] == '1') && !gl[1]) info.grid_lag = gl[0] - '0';
+    if (const char* lc = getenv("PYSOFTMAX_GRID_LAG_COST")) info.grid_lag_cost = std::min(8.0, std::max(0.0, atof(lc)));
   }
   // PYSOFTMAX_ODD_PACKS, read once a device: the odd pack counts rows_warp may take, as digits of
   // kOddPacks ("35"), "r" to take them over two-row plans too, "0" none (tuning; docs/TUNING.md,
@@ -302,6 +312,7 @@ struct Plan {
   bool resident = false;  // rows_stream: the whole chunk stays in the stage (kStreamResident)
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
+  bool lag = false;       // grid: each block holds two rows' chunks and waits on a row's group a row late (kStreamLagged)
   int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream), or in flight (not resident)
   bool carry = false;     // rows_stream, not resident: the ring runs on across the block's passes and rows (kCarry)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
@@ -347,7 +358,14 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // its blocks' rows (ceil(rows / groups)) times the steps a row of all its blocks, a streamed step
 // costing dev.grid_reread (kGridReread) more, and each row kGridRowCost[blocks an SM] for its
 // barrier, which a second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
-// dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning.
+// A lagged plan (one block an SM, Plan::lag) holds two rows' chunks whole, so it takes chunks of
+// half the steps: it waits on a row's barrier only after reducing the next row, which leaves
+// dev.grid_lag_cost (kGridLagRowCost) a row, and a whole barrier for its last row. Only ops whose
+// non-lagged blocks run two an SM (the forward's): the backward's, one an SM, read their next
+// row's first step before the barrier (kEarly) and measured faster than lagged (docs/TUNING.md,
+// "plan_grid: lagged rows").
+// dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
+// (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
 constexpr int64_t kGridPairMinSteps = 3;
 constexpr int64_t kSharedReservedPerBlock = 1 << 10;  // what the runtime keeps of an SM's shared memory a block (sm_80/sm_90)
@@ -385,21 +403,31 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
         if (ceil_div(steps, n) != c) continue;  // the same chunks as a smaller count
         const int64_t held = n <= fit ? n : fit - 1;  // the rest stream through one more step's slots
         const int64_t groups = grid / c;
-        if (held < 1 || (per_sm == 2 && (held < n || n < kGridPairMinSteps))) continue;
-        if (!anywhere && (n - held) * step_stage * groups * c > dev.l2_bytes / 2) continue;
-        const double cost = static_cast<double>(ceil_div(rows, groups)) *
-                            (per_sm * (n + (n - held) * dev.grid_reread) + kGridRowCost[per_sm]);
-        if (best > 0 && cost >= best) continue;
-        best = cost;
-        Plan p = stream;
-        p.chunks = c;
-        p.chunk_cols = n * step;
-        p.held = static_cast<int>(held);
-        p.stage = step_stage * (held < n ? held + 1 : held);
-        p.blocks = groups * c;
-        p.resident = p.grid = true;
-        p.cluster = 1;
-        *out = p;
+        const int64_t walk = ceil_div(rows, groups);  // a group's rows
+        for (int lag = 0; lag < 2; ++lag) {
+          double cost;
+          if (!lag) {
+            if (held < 1 || (per_sm == 2 && (held < n || n < kGridPairMinSteps))) continue;
+            if (!anywhere && (n - held) * step_stage * groups * c > dev.l2_bytes / 2) continue;
+            cost = static_cast<double>(walk) * (per_sm * (n + (n - held) * dev.grid_reread) + kGridRowCost[per_sm]);
+          } else {
+            if (per_sm != 1 || 2 * n > fit || dev.grid_lag == 0 || (Op::kStreamMinBlocks == 1 && dev.grid_lag != 1)) continue;
+            cost = static_cast<double>(walk) * (n + dev.grid_lag_cost) + kGridRowCost[1];
+          }
+          if (dev.grid_lag == 1 && !lag) cost += 1e12;  // preferred: any lagged plan first
+          if (best > 0 && cost >= best) continue;
+          best = cost;
+          Plan p = stream;
+          p.chunks = c;
+          p.chunk_cols = n * step;
+          p.held = static_cast<int>(lag ? n : held);
+          p.stage = lag ? step_stage * 2 * n : step_stage * (held < n ? held + 1 : held);
+          p.blocks = groups * c;
+          p.resident = p.grid = true;
+          p.lag = lag != 0;
+          p.cluster = 1;
+          *out = p;
+        }
       }
     }
   }
@@ -784,9 +812,9 @@ inline void cap_blocks(Plan* p, int cap) {
 }
 
 inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
-  if (p.grid) {  // grid_workspace_bytes (families.cuh): two partials a block, a counter a group
+  if (p.grid) {  // grid_workspace_bytes (families.cuh): kGridSets partials a block and counters a group
     const int64_t groups = p.blocks / p.chunks;
-    return 2 * groups * p.chunks * static_cast<int64_t>(stat_bytes) + groups * static_cast<int64_t>(sizeof(unsigned));
+    return kGridSets * groups * (p.chunks * static_cast<int64_t>(stat_bytes) + static_cast<int64_t>(sizeof(unsigned)));
   }
   // The stream's two launches, and rows_passes' three (split_passes): a statistic a chunk.
   const bool split = (p.family == SOFTMAX_FAMILY_STREAM || p.family == kPassesFamily) && p.chunks > 1 && p.cluster == 1;
@@ -798,11 +826,11 @@ inline int describe_plan(const Plan& p, const DeviceInfo& dev, int64_t workspace
   const char* name = p.family == kPassesFamily ? "passes" : p.family == kTileFamily ? "tile" : names[p.family];
   snprintf(buf, static_cast<size_t>(len),
            "family=%s pack=%d packs=%d group=%d rows_per_group=%d threads=%d blocks=%lld chunks=%lld "
-           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d carry=%d passes=%d ahead=%d straddle=%d tile=%d packed=%u",
+           "chunk_cols=%lld workspace=%lld stage=%lld resident=%d cluster=%d grid=%d held=%d carry=%d passes=%d ahead=%d straddle=%d tile=%d packed=%u lag=%d",
            name, p.pack, p.packs, p.group, p.rows_per_group, p.threads, static_cast<long long>(p.blocks),
            static_cast<long long>(p.chunks), static_cast<long long>(p.chunk_cols), static_cast<long long>(workspace),
            static_cast<long long>(p.stage), p.resident ? 1 : 0, p.cluster, p.grid ? 1 : 0, p.held, p.carry ? 1 : 0, p.passes, p.ahead,
-           p.straddle ? 1 : 0, p.tile, dev.packed_clusters);
+           p.straddle ? 1 : 0, p.tile, dev.packed_clusters, p.lag ? 1 : 0);
   return SOFTMAX_OK;
 }
 
@@ -908,13 +936,13 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
       using Stat = typename Op::Stat;
       const int64_t groups = p.blocks / p.chunks;
       const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, p.chunks), 0,
-                                          static_cast<size_t>(groups) * sizeof(unsigned), s);
+                                          static_cast<size_t>(kGridSets * groups) * sizeof(unsigned), s);
       if (e != hipSuccess) {
         (void)hipGetLastError();  // cleared, as after a failed launch
         return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
       }
       return launch(rows_stream<Op, kPack, kShareGrid, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
-                    p.chunk_cols, p.held, int{kStreamResident}, ws);
+                    p.chunk_cols, p.held, int{p.lag ? kStreamLagged : kStreamResident}, ws);
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a shared-row plan for rows that are not staged");
   }

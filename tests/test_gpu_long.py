@@ -20,6 +20,8 @@ blocks; test_stream_ring_across_rows more rows than the grid has blocks.
 """
 
 import os
+import subprocess
+import sys
 
 import numpy
 import pytest
@@ -280,6 +282,59 @@ def test_grid_on_two_streams_at_once():
     b.synchronize()
     assert_close(to_host64(outs[0]), ref_softmax(x64), "float32", f"forward seed={g.seed}")
     assert_grad_close(to_host64(outs[1]), y64, dy64, 1.0, "float32", f"backward seed={g.seed}")
+
+
+# Lagged grid plans (rows_stream kStreamLagged, Plan::lag): a block holds two rows' chunks and meets
+# a row's barrier one row late. (rows, cols, dtype, direction), each planned lagged on an H100 or
+# H200 (132 SMs, 227 KiB a block) where PYSOFTMAX_GRID_LAG=1 prefers lagged plans: one row (no
+# row to lag behind), rows fewer than the groups, as many, and many more (a group walking 5-101
+# rows, its partials' and counters' four sets each reused many times), a step a chunk and three.
+LAGGED = [
+    (1, 1048576, "float32", "forward"),
+    (2, 1048580, "float32", "backward"),
+    (3, 2097152, "bfloat16", "forward"),
+    (7, 600004, "float32", "backward"),
+    (101, 300004, "float32", "forward"),
+    (130, 524292, "bfloat16", "backward"),
+    (40, 300004, "float16", "forward"),
+    (9, 1048576, "float64", "forward"),
+    (101, 300004, "float64", "backward"),
+]
+LAG_FORCED = os.environ.get("PYSOFTMAX_GRID_LAG") == "1"
+
+
+@pytest.mark.skipif(not LAG_FORCED, reason="run by test_grid_lagged_every_path, in a process with PYSOFTMAX_GRID_LAG=1")
+@pytest.mark.parametrize("rows,cols,dtype,direction", LAGGED)
+def test_grid_lagged_rows(rows, cols, dtype, direction):
+    plan = _ops.plan((rows, cols), dtype, direction=direction)
+    dev = cupy.cuda.Device()
+    if grid_capable() and clusters() and dev.attributes["MultiProcessorCount"] == 132:
+        assert plan["grid"] == 1 and plan["lag"] == 1, plan
+    g = rng()
+    host = long_inputs(g, rows, cols, dtype, direction)
+    dev_in = tuple(to_device(a, dtype) for a in host)
+    outs = [poisoned((rows, cols), dtype) for _ in range(2)]
+    for out in outs:  # twice: the same bits, as the groups merge their partials in one order
+        check_long(direction, "fused", host, dev_in, out, dtype, f"{direction} {rows}x{cols} {dtype} {plan} seed={g.seed}")
+    assert bool(cupy.array_equal(outs[0].view(cupy.uint8), outs[1].view(cupy.uint8))), "repeated calls differ"
+
+
+def test_grid_lagged_every_path():
+    """The grid's tests, the straddling rows' and LAGGED in a process with PYSOFTMAX_GRID_LAG=1
+    (read once a device), where every grid row that two chunks a block hold whole takes a lagged
+    plan: capped grids (one group walking every row), repeated calls, two streams at once, offsets
+    past 2^31 elements."""
+    if LAG_FORCED or "PYSOFTMAX_GRID_LAG" in os.environ:
+        pytest.skip("this process runs under a set lag rule")
+    if not grid_capable():
+        pytest.skip("no cooperative grid of staged rows here")
+    env = dict(os.environ, PYSOFTMAX_GRID_LAG="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1  # test_long_rows* takes the masked rows too
+    assert done.returncode == 0 and f"{want} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 def test_grid_past_2_to_the_31_elements():

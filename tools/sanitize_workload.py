@@ -23,6 +23,33 @@ def step(name, fn):
     print(f"[sanitize] ok {name}", flush=True)
 
 
+# Rows on a cooperative grid whose blocks hold two rows' chunks and meet each row's barrier a row
+# late (Plan::lag): tools/sanitize.py runs these alone once more, in processes with
+# PYSOFTMAX_GRID_LAG=1 and SANITIZE_ONLY=grid, where every grid row that two chunks a block hold
+# whole takes a lagged plan. More rows than groups (each group walking several, the partials' and
+# counters' four sets reused), one group walking every row (a grid cap), a straddling row.
+def grid_steps(dtype):
+    for shape in ((9, 1048576), (7, 600004)):
+        x = arr(shape, dtype)
+        plan = _ops.plan(x.shape, dtype)
+        step(f"grid {shape} {dtype} (grid={plan['grid']} lag={plan['lag']} chunks={plan['chunks']} held={plan['held']})",
+             lambda: _ops.forward(x))
+        step(f"grid backward {shape} {dtype}", lambda: _ops.backward_impl(x, x))
+        step(f"grid one group {shape} {dtype}", lambda: _ops.forward(x, blocks=1))
+        del x
+    x = arr((2, 1048577), dtype)
+    plan = _ops.plan(x.shape, dtype, aligned=False)
+    step(f"grid straddling (2, 1048577) {dtype} (grid={plan['grid']} lag={plan['lag']})", lambda: _ops.forward(x))
+    step(f"grid straddling backward (2, 1048577) {dtype}", lambda: _ops.backward_impl(x, x))
+    del x
+
+
+if os.environ.get("SANITIZE_ONLY") == "grid":
+    for dtype in ("float32", "float16"):
+        grid_steps(dtype)
+    sys.exit(0)
+
+
 # rows_tile (dense odd widths whose arrays share their offset inside the pack): the plain fused
 # forward and the backward of the default rule's rows (element-wise, straddling in one step and in
 # two); run with PYSOFTMAX_TILE_COLS=1000000 (and PYSOFTMAX_TILE_VEC=0), every path (several steps

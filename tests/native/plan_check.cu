@@ -125,7 +125,12 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
                     report(op, "rows_stream cluster that leaves SMs idle where a packing size holds the row", family, pack, threads, cols, p);
                 }
               // Not resident: a ring of `held` steps' slots (the steps in flight), 1..stream_depth.
-              const int64_t slots = p.grid ? p.held + (p.held < chunk_steps ? 1 : 0) : p.resident ? chunk_steps : p.held;
+              // Lagged (grid): two rows' chunks, held whole, one block an SM.
+              if (p.lag && (!p.grid || p.held != chunk_steps || p.blocks > dev.sms))
+                report(op, "rows_stream lagged grid malformed", family, pack, threads, cols, p);
+              const int64_t slots = p.lag    ? 2 * p.held
+                                    : p.grid ? p.held + (p.held < chunk_steps ? 1 : 0)
+                                    : p.resident ? chunk_steps : p.held;
               if (p.stage != step * slots)
                 report(op, "rows_stream stage differs from the kernel's slots", family, pack, threads, cols, p);
               // The ring walks a chunk's steps, or, carried (kCarry), a block's: its sets' passes, two
