@@ -136,7 +136,7 @@ constexpr int kMaxStreamDepth = 8;
 constexpr double kGridReread = 1.0;
 // plan_grid's cost of a lagged row's barrier, in steps: what a row's wait costs once the next row
 // was reduced under it (docs/TUNING.md, "plan_grid: lagged rows").
-constexpr double kGridLagRowCost = 0.125;
+constexpr double kGridLagRowCost = 0.25;
 // Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
 // 2, every dtype's (docs/TUNING.md, "plan_straddling").
 constexpr int kStraddleBlock = 1;
@@ -360,9 +360,11 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // barrier, which a second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
 // A lagged plan (one block an SM, Plan::lag) holds two rows' chunks whole, so it takes chunks of
 // half the steps: it waits on a row's barrier only after reducing the next row, which leaves
-// dev.grid_lag_cost (kGridLagRowCost) a row, and a whole barrier for its last row. Only ops whose
-// non-lagged blocks run two an SM (the forward's): the backward's, one an SM, read their next
-// row's first step before the barrier (kEarly) and measured faster than lagged (docs/TUNING.md,
+// dev.grid_lag_cost (kGridLagRowCost) a row, and a whole barrier for its last row. Where the op's
+// blocks would otherwise run two an SM (the forward's) and a group walks two rows or more, a
+// lagged plan is taken wherever one holds the row, as it measured faster than the model says;
+// the backward's blocks, one an SM, read their next row's first step before the barrier (kEarly)
+// and measured faster than lagged, so they are never lagged but forced (docs/TUNING.md,
 // "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
@@ -390,8 +392,8 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
   const int64_t step_stage = stream.stage;  // one step's slots
   if (!dev.cooperative || step_stage <= 0 || stream.threads != kStreamThreads) return false;
   const int64_t steps = ceil_div(cols, step);
-  double best = 0;
-  for (int anywhere = 0; anywhere < 2 && best == 0; ++anywhere) {  // 1: streamed steps past the L2 too
+  double best = -1;  // the chosen plan's rank (its modelled time, 1e12 more where not preferred); < 0: none
+  for (int anywhere = 0; anywhere < 2 && best < 0; ++anywhere) {  // 1: streamed steps past the L2 too
     for (int per_sm = 1; per_sm <= 2; ++per_sm) {
       if (dev.grid_blocks > 0 && per_sm != dev.grid_blocks) continue;
       if (per_sm > Op::kStreamMinBlocks) continue;  // the kernel's register cap admits kStreamMinBlocks blocks an SM
@@ -414,9 +416,13 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
             if (per_sm != 1 || 2 * n > fit || dev.grid_lag == 0 || (Op::kStreamMinBlocks == 1 && dev.grid_lag != 1)) continue;
             cost = static_cast<double>(walk) * (n + dev.grid_lag_cost) + kGridRowCost[1];
           }
-          if (dev.grid_lag == 1 && !lag) cost += 1e12;  // preferred: any lagged plan first
-          if (best > 0 && cost >= best) continue;
-          best = cost;
+          // Lagged plans first: forced (PYSOFTMAX_GRID_LAG=1), or where the op's blocks would
+          // otherwise run two an SM and a group walks two rows or more (measured faster on every
+          // such row; the model only chooses among them).
+          const bool preferred = lag && (dev.grid_lag == 1 || (dev.grid_lag < 0 && Op::kStreamMinBlocks > 1 && walk >= 2));
+          const double rank = cost + (preferred ? 0 : 1e12);
+          if (best >= 0 && rank >= best) continue;
+          best = rank;
           Plan p = stream;
           p.chunks = c;
           p.chunk_cols = n * step;
@@ -431,7 +437,7 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
       }
     }
   }
-  return best > 0;
+  return best >= 0;
 }
 
 // Where rows_stream may hold rows on chip: nowhere (two reads of global memory), in a block's or a
