@@ -364,7 +364,7 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // blocks would otherwise run two an SM (the forward's) and a group walks two rows or more, a
 // lagged plan is taken wherever one holds the row, as it measured faster than the model says;
 // the backward's blocks, one an SM, read their next row's first step before the barrier (kEarly)
-// and measured faster than lagged, so they are never lagged but forced (docs/TUNING.md,
+// and measured faster than lagged, so they are never lagged unless forced (docs/TUNING.md,
 // "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.

@@ -562,12 +562,12 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   // and writes row j - 1, and refills that half with row j + 1. A row's barrier is thus met one
   // row late: its peers counted in while the block reduced the next row, so the wait rarely
   // stalls. (Only unmasked ops stage: every step of a chunk is live, no causal stop.) Partials
-  // and counters rotate over kGridSets sets by j: a block
-  // writes a set again (row j + 4) only once its whole group has counted in row j + 2, which each
-  // peer does after reading row j's partials; a counter of a set reaches chunks * (j / 4 + 1) only
-  // once the group has counted in row j, as no block counts in row j + 4 before then. The
-  // blocks of a group walk the same rows (gridDim.x is a multiple of chunks), so every wait is
-  // met; the launch is cooperative, so every peer runs.
+  // and counters rotate over kGridSets sets by j: a block writes a set again (row j + 4) only
+  // once its whole group has counted in row j + 2, which each peer does after reading row j's
+  // partials; a counter of a set reaches chunks * (j / 4 + 1) only once the group has counted in
+  // row j, as no block counts in row j + 4 before then. The blocks of a group walk the same rows
+  // (gridDim.x is a multiple of chunks), so every wait is met; the launch is cooperative, so every
+  // peer runs.
   if constexpr (kShare == kShareGrid) {
     if (phase == kStreamLagged) {
       const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
