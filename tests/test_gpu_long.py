@@ -287,8 +287,8 @@ def test_grid_on_two_streams_at_once():
 # Lagged grid plans (rows_stream kStreamLagged, Plan::lag): a block holds two rows' chunks and meets
 # a row's barrier one row late. (rows, cols, dtype, direction), each planned lagged on an H100 or
 # H200 (132 SMs, 227 KiB a block) where PYSOFTMAX_GRID_LAG=1 prefers lagged plans: one row (no
-# row to lag behind), rows fewer than the groups, as many, and many more (a group walking 5-101
-# rows, its partials' and counters' four sets each reused many times), a step a chunk and three.
+# row to lag behind), as many rows as groups, and more (a group walking 2-101 rows, its partials'
+# and counters' four sets each reused many times), a step a chunk, two and three.
 LAGGED = [
     (1, 1048576, "float32", "forward"),
     (2, 1048580, "float32", "backward"),
