@@ -392,8 +392,9 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
   const int64_t step_stage = stream.stage;  // one step's slots
   if (!dev.cooperative || step_stage <= 0 || stream.threads != kStreamThreads) return false;
   const int64_t steps = ceil_div(cols, step);
-  double best = -1;  // the chosen plan's rank (its modelled time, 1e12 more where not preferred); < 0: none
-  for (int anywhere = 0; anywhere < 2 && best < 0; ++anywhere) {  // 1: streamed steps past the L2 too
+  bool found = false, best_preferred = false;  // the chosen plan: whether it is preferred, and its modelled time
+  double best = 0;
+  for (int anywhere = 0; anywhere < 2 && !found; ++anywhere) {  // 1: streamed steps past the L2 too
     for (int per_sm = 1; per_sm <= 2; ++per_sm) {
       if (dev.grid_blocks > 0 && per_sm != dev.grid_blocks) continue;
       if (per_sm > Op::kStreamMinBlocks) continue;  // the kernel's register cap admits kStreamMinBlocks blocks an SM
@@ -420,9 +421,10 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
           // otherwise run two an SM and a group walks two rows or more (measured faster on every
           // such row; the model only chooses among them).
           const bool preferred = lag && (dev.grid_lag == 1 || (dev.grid_lag < 0 && Op::kStreamMinBlocks > 1 && walk >= 2));
-          const double rank = cost + (preferred ? 0 : 1e12);
-          if (best >= 0 && rank >= best) continue;
-          best = rank;
+          if (found && (preferred < best_preferred || (preferred == best_preferred && cost >= best))) continue;
+          found = true;
+          best_preferred = preferred;
+          best = cost;
           Plan p = stream;
           p.chunks = c;
           p.chunk_cols = n * step;
@@ -437,7 +439,7 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
       }
     }
   }
-  return best >= 0;
+  return found;
 }
 
 // Where rows_stream may hold rows on chip: nowhere (two reads of global memory), in a block's or a
