@@ -8,6 +8,8 @@
 #   make amd             the AMD build (ROCm's hipcc, or Debian's clang-19 without ROCm) and its
 #                        check: wave widths and a load (tools/amd_check.py; no AMD GPU needed)
 #   make sanitize        compute-sanitizer memcheck/racecheck/synccheck over every kernel family
+#   make spills          each kernel's registers and spills from the compiler's report, for this
+#                        platform's build (tools/spills.py; no GPU needed; SPILLS_ARGS=--all)
 #
 # Overridable: HIP_PLATFORM=nvidia|amd, GPU_ARCHS (nvidia: "80 90"; amd: "gfx90a gfx942 ..."),
 # FAST_MATH=1 (opt-in), NVCC, HIPCC, PYTHON.
@@ -108,7 +110,7 @@ comma := ,
 space := $() $()
 DEFINES += -DSOFTMAX_ARCHS='"$(subst $(space),$(comma),$(strip $(ARCH_NAMES)))"'
 
-.PHONY: all lib jax jax-if-found platform deps test bench gate baseline amd amd-check sanitize tune clean
+.PHONY: all lib jax jax-if-found platform deps test bench gate baseline amd amd-check sanitize spills tune clean
 all: lib jax-if-found
 
 platform:  # what `make` builds for here (setup.py asks)
@@ -206,6 +208,13 @@ amd-check:
 
 sanitize: deps lib
 	$(PYTHON) tools/sanitize.py
+
+spills:
+	@test -n "$(BUILD_LINE)" || { echo "spills: no compiler for a GPU platform found"; exit 1; }
+	$(PYTHON) tools/spills.py $(SPILLS_ARGS) -- $(BUILD_LINE)
+ifdef DEVLIB_DIR
+spills: | $(DEVLIB_DIR)/.made
+endif
 
 tune: deps lib
 	$(PYTHON) tools/tune.py

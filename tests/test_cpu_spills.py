@@ -1,0 +1,97 @@
+"""tools/spills.py: the compilers' register reports parsed (no GPU needed), and one compile end to end
+where nvcc is found."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import spills  # noqa: E402
+
+# ptxas -v as nvcc prints it: an entry function with its properties, a device function's
+# properties between two entries (not the entry's), and an entry that spills.
+NVCC_REPORT = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z1aPf' for 'sm_90'
+ptxas info    : Function properties for _Z1aPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 0 barriers
+ptxas info    : Function properties for _Z6helperv
+    64 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads
+ptxas info    : Compiling entry function '_Z1bPf' for 'sm_80'
+ptxas info    : Function properties for _Z1bPf
+    240 bytes stack frame, 492 bytes spill stores, 1288 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers
+"""
+
+# clang's kernel-resource-usage remarks for one target.
+CLANG_REPORT = """k.cu:2:1: remark: Function Name: _Z1cPf [-Rpass-analysis=kernel-resource-usage]
+k.cu:2:1: remark:     SGPRs: 38 [-Rpass-analysis=kernel-resource-usage]
+k.cu:2:1: remark:     VGPRs: 128 [-Rpass-analysis=kernel-resource-usage]
+k.cu:2:1: remark:     AGPRs: 0 [-Rpass-analysis=kernel-resource-usage]
+k.cu:2:1: remark:     ScratchSize [bytes/lane]: 36 [-Rpass-analysis=kernel-resource-usage]
+k.cu:2:1: remark:     SGPRs Spill: 0 [-Rpass-analysis=kernel-resource-usage]
+k.cu:2:1: remark:     VGPRs Spill: 9 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark: Function Name: _Z1dPf [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     SGPRs: 20 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     VGPRs: 12 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     ScratchSize [bytes/lane]: 0 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     SGPRs Spill: 6 [-Rpass-analysis=kernel-resource-usage]
+k.cu:3:1: remark:     VGPRs Spill: 0 [-Rpass-analysis=kernel-resource-usage]
+"""
+
+
+def test_nvcc_report_parsed():
+    a, b = spills.parse(NVCC_REPORT)
+    assert (a["name"], a["arch"], a["regs"], a["stores"], a["loads"], a["spill"]) == ("_Z1aPf", "sm_90", 40, 0, 0, 0)
+    assert (b["name"], b["arch"], b["regs"], b["stores"], b["loads"]) == ("_Z1bPf", "sm_80", 64, 492, 1288)
+    assert b["spill"] == 492 + 1288  # the device function's 12/12 went to neither entry
+
+
+def test_clang_report_parsed():
+    c, d = spills.parse(CLANG_REPORT, "gfx942")
+    assert (c["name"], c["arch"], c["regs"], c["sgprs"], c["vspill"], c["scratch"]) == ("_Z1cPf", "gfx942", 128, 38, 9, 36)
+    assert c["spill"] > 0 and d["regs"] == 12 and d["sspill"] == 6
+    assert d["spill"] == 0  # SGPRs spill into VGPR lanes: no memory
+
+
+def test_read_lists_spilling_kernels_first(tmp_path, capsys):
+    log = tmp_path / "ptxas.txt"
+    log.write_text(NVCC_REPORT)
+    assert spills.main(["--read", str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("| sm_")]
+    assert len(rows) == 1 and "| 492 | 1288 |" in rows[0], out
+    assert out[-1] == "kernels: 2, spilling: 1, shown: 1"
+    assert spills.main(["--read", str(log), "--all"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| sm_")]
+    assert len(rows) == 2 and "| 492 |" in rows[0], rows  # most spilled first
+
+
+def test_no_build_line_is_an_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        spills.main([])
+    assert e.value.code == 2 and "COMPILER FLAGS" in capsys.readouterr().err
+
+
+def test_failed_compile_names_the_command(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text("this is not C++\n")
+    with pytest.raises(SystemExit) as e:
+        spills.report([sys.executable, "-c", "import sys; sys.exit(3)"], [str(bad)])
+    assert "the compile failed (3)" in str(e.value)
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not found")
+def test_nvcc_end_to_end(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void twice(float* p) { p[threadIdx.x] *= 2.0f; }\n")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "spills.py"), "--all", "--source", str(src),
+                          "--", "nvcc", "-O3", "-gencode=arch=compute_90,code=sm_90"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| sm_90 |")]
+    assert len(rows) == 1 and "twice" in rows[0], out.stdout
+    assert out.stdout.splitlines()[-1] == "kernels: 1, spilling: 0"
