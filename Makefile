@@ -209,9 +209,13 @@ amd-check:
 sanitize: deps lib
 	$(PYTHON) tools/sanitize.py
 
+ifeq ($(HIP_PLATFORM),none)
 spills:
-	@test -n "$(BUILD_LINE)" || { echo "spills: no compiler for a GPU platform found"; exit 1; }
-	$(PYTHON) tools/spills.py $(SPILLS_ARGS) -- $(BUILD_LINE)
+	@echo "spills: no nvcc or hipcc found (HIP_PLATFORM=nvidia|amd, NVCC=..., HIPCC=...)"; exit 1
+else
+spills:
+	$(PYTHON) tools/spills.py --platform $(HIP_PLATFORM) $(SPILLS_ARGS) -- $(BUILD_LINE)
+endif
 ifdef DEVLIB_DIR
 spills: | $(DEVLIB_DIR)/.made
 endif
