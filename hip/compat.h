@@ -56,6 +56,9 @@
 //   load_volatile(p) / store_volatile(p, v)   a value of any trivially copyable type read from
 //               or written to global memory in 4-byte words that bypass the incoherent L1, for
 //               values other blocks write during the kernel (ordered by __threadfence()).
+//   load_word(p) / store_word(p, v)   one 8-byte word of global memory, read or written whole
+//               in one access (p 8-byte aligned), relaxed and coherent at device scope: a value
+//               that carries its own readiness needs no fence.
 #pragma once
 
 #include <stdint.h>
@@ -391,6 +394,27 @@ template <typename V> __device__ __forceinline__ void store_volatile(V* p, const
   const uint32_t* src = reinterpret_cast<const uint32_t*>(&v);
 #pragma unroll
   for (int i = 0; i < static_cast<int>(sizeof(V) / 4); ++i) dst[i] = src[i];
+}
+
+__device__ __forceinline__ uint64_t load_word(const uint64_t* p) {
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#elif defined(SOFTMAX_PLATFORM_AMD)
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+#endif
+}
+__device__ __forceinline__ void store_word(uint64_t* p, uint64_t v) {
+#if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#elif defined(SOFTMAX_PLATFORM_AMD)
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#else
+  *reinterpret_cast<volatile uint64_t*>(p) = v;
+#endif
 }
 
 // The widest group size (threads sharing one row) that every supported warp width can hold.

@@ -312,7 +312,7 @@ struct Plan {
   bool resident = false;  // rows_stream: the whole chunk stays in the stage (kStreamResident)
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
-  bool lag = false;       // grid: each block holds two rows' chunks and waits on a row's group a row late (kStreamLagged)
+  bool lag = false;       // grid: each block holds two rows' chunks and waits on a row's group a row late (kShareLagged)
   int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream), or in flight (not resident)
   bool carry = false;     // rows_stream, not resident: the ring runs on across the block's passes and rows (kCarry)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
@@ -949,8 +949,11 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
         (void)hipGetLastError();  // cleared, as after a failed launch
         return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
       }
+      if (p.lag)
+        return launch(rows_stream<Op, kPack, kShareLagged, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
+                      p.chunk_cols, p.held, int{kStreamLagged}, ws);
       return launch(rows_stream<Op, kPack, kShareGrid, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
-                    p.chunk_cols, p.held, int{p.lag ? kStreamLagged : kStreamResident}, ws);
+                    p.chunk_cols, p.held, int{kStreamResident}, ws);
     }
     return fail(SOFTMAX_ERROR_INTERNAL, "rows_stream: a shared-row plan for rows that are not staged");
   }

@@ -299,8 +299,8 @@ void rows_block(const Op op, int64_t rows) {
 //                 Steps past `held` (kShareGrid only) are streamed through one more step's slots
 //                 in the first pass and read again in the second, last first, so that most of
 //                 them come from L2.
-//   kStreamLagged  (kShareGrid, Plan::lag) the block's chunks of two rows held whole at once, in
-//                 the stage's halves, its barrier a row late (below).
+//   kStreamLagged  (kShareLagged) the block's chunks of two rows held whole at once, in the
+//                 stage's halves, its barrier a row late (below).
 //   Not resident (kStreamWhole, kStreamStats, kStreamApply): each pass streams the steps through
 //   a ring of `held` steps' slots, step s in slots (s % held) * kSlots, its copies a group of their
 //   own issued `held` steps ahead, so that `held` steps are in flight while one is reduced or
@@ -315,6 +315,10 @@ void rows_block(const Op op, int64_t rows) {
 //                  even where it never runs; docs/TUNING.md, "rows_stream kCluster".)
 //   kShareGrid     a cooperative launch (all blocks resident at once): through ws, a partial a
 //                  block and a counter a row group, for rows too long for a cluster.
+//   kShareLagged   kShareGrid's exchange, a block holding two rows (Plan::lag, kStreamLagged).
+//                  A kernel of its own, bound to one block an SM as its plans run: sharing the
+//                  unlagged kernel's cap (the forward's two blocks an SM) spilled both paths'
+//                  registers (docs/TUNING.md, "plan_grid: lagged rows").
 // kStraddle: rows that start off the pack boundary, each array's at the same offset (a contiguous
 // array of an odd width). op.cols is the row's body, cols - (kPack - 1) columns that start at the
 // row's first boundary, head(row) elements in, and are walked as an aligned row of their own
@@ -331,11 +335,11 @@ void rows_block(const Op op, int64_t rows) {
 // carry the ring this way where those registers keep their blocks an SM (policy.cuh).
 
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3, kStreamLagged = 4 };
-enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2 };
+enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagged = 3 };
 
-// kShareGrid's workspace: partials [kGridSets][groups][chunks], then counters [kGridSets][groups],
-// which the launcher zeroes. kStreamResident takes the partial sets 0 and 1 (alternating by row)
-// and counter set 0; kStreamLagged rotates over all four by row. Bytes, and the counters' offset.
+// kShareGrid's and kShareLagged's workspace: partials [kGridSets][groups][chunks], then counters
+// [kGridSets][groups], which the launcher zeroes. kShareGrid takes the partial sets 0 and 1
+// (alternating by row) and counter set 0; kShareLagged rotates over all four by row. Bytes, and the counters' offset.
 constexpr int kGridSets = 4;
 template <typename Stat> constexpr int64_t grid_partials_bytes(int64_t groups, int64_t chunks) {
   return kGridSets * groups * chunks * static_cast<int64_t>(sizeof(Stat));
@@ -345,7 +349,7 @@ template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, 
 }
 
 template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, int kCarry = 0>
-__global__ __launch_bounds__(kStreamThreads, Op::kStreamMinBlocks)
+__global__ __launch_bounds__(kStreamThreads, kShare == kShareLagged ? 1 : Op::kStreamMinBlocks)
 void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int held, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
@@ -568,89 +572,87 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   // row j, as no block counts in row j + 4 before then. The blocks of a group walk the same rows
   // (gridDim.x is a multiple of chunks), so every wait is met; the launch is cooperative, so every
   // peer runs.
-  if constexpr (kShare == kShareGrid) {
-    if (phase == kStreamLagged) {
-      const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-      const int64_t begin = chunk * chunk_cols, end = min(op.cols, begin + chunk_cols);
-      const int steps = static_cast<int>((end - begin + stride - 1) / stride);
-      unsigned* counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, chunks));
-      const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
-      auto exists = [&](int64_t j) { return blockIdx.x + j * gridDim.x < nblocks; };
-      auto row_of = [&](int64_t j) { return (blockIdx.x + j * gridDim.x) / chunks; };
-      auto half = [&](int64_t j) { return stage.at(static_cast<int>(j & 1) * held * kSlots); };
-      Item beside[2];  // kStraddle: the thread's column outside the body of the rows in each half
-      // Row j's copies into its half, a group a step (empty where there is no row j, so that each
-      // row commits `steps` groups).
-      auto fill = [&](int64_t j) {
-        const bool live = exists(j);
-        const typename Op::Row w = live ? body(op.prefetch_row(row_of(j))) : typename Op::Row{};
-        for (int s = 0; s < steps; ++s) {
-          if (live) op.template prefetch<kPack, kUnroll>(w, span_at(begin + s * stride, end), true, half(j).at(s * kSlots));
-          copy_async_commit();
-        }
-      };
-      // Row j's statistic from its half, counted in. `later`: groups committed after row j's (the
-      // first row's copies are followed by the second's).
-      auto reduce_row = [&](int64_t j, int later) {
-        const typename Op::Row whole = op.row(row_of(j));
-        const int head = head_of(whole);
-        const typename Op::Row w = shifted(whole, head);
-        if (adds_outside) op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), true, &beside[j & 1]);
-        Stat st = Op::stat_init();
-        for (int s = 0; s < steps; ++s) {
-          Item v[kStep];
-          copy_async_wait_group(steps - 1 - s + later);
-          const Stage slots = half(j).at(s * kSlots);
-          op.template load<kPack, kUnroll>(w, span_at(begin + s * stride, end), true, v, &slots);
-          op.template accumulate<kStep>(st, v);
-        }
-        if (adds_outside) op.template accumulate<1>(st, &beside[j & 1]);
-        st = block_all_reduce(st, op.merge(), scratch);
-        if (threadIdx.x == 0) {
-          const int64_t set = j % kGridSets;
-          store_volatile(&ws[(set * groups + group) * chunks + chunk], st);
-          __threadfence();
-          atomicAdd(&counters[set * groups + group], 1u);
-        }
-      };
-      // Row j once its group has counted in: applied and written from its half, which takes row j + 2.
-      auto write_row = [&](int64_t j) {
-        const int64_t set = j % kGridSets;
-        if (threadIdx.x == 0) {
-          const unsigned want = static_cast<unsigned>(chunks * (j / kGridSets + 1));
-          while (load_volatile(&counters[set * groups + group]) < want) spin_pause();
-          __threadfence();
-        }
-        __syncthreads();
-        Stat st = threadIdx.x < chunks ? load_volatile(&ws[(set * groups + group) * chunks + threadIdx.x]) : Op::stat_init();
-        const typename Op::Final fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
-        const typename Op::Row whole = op.row(row_of(j));
-        const int head = head_of(whole);
-        const typename Op::Row w = shifted(whole, head);
-        const bool refills = exists(j + 2);
-        const typename Op::Row next = refills ? body(op.prefetch_row(row_of(j + 2))) : typename Op::Row{};
-        for (int s = 0; s < steps; ++s) {
-          Item v[kStep];
-          const Span span = span_at(begin + s * stride, end);
-          read_resident(w, span, half(j).at(s * kSlots), v, refills ? &next : nullptr);
-          op.template apply<kStep>(v, fin);
-          op.template store<kPack, kUnroll>(w, span, v);
-        }
-        if (adds_outside) {
-          op.template apply<1>(&beside[j & 1], fin);
-          op.template store<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), &beside[j & 1]);
-        }
-      };
-      fill(0);
-      fill(1);
-      int64_t j = 0;
-      for (; exists(j); ++j) {
-        reduce_row(j, j == 0 ? steps : 0);
-        if (j > 0) write_row(j - 1);
+  if constexpr (kShare == kShareLagged) {
+    const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+    const int64_t begin = chunk * chunk_cols, end = min(op.cols, begin + chunk_cols);
+    const int steps = static_cast<int>((end - begin + stride - 1) / stride);
+    unsigned* counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, chunks));
+    const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
+    auto exists = [&](int64_t j) { return blockIdx.x + j * gridDim.x < nblocks; };
+    auto row_of = [&](int64_t j) { return (blockIdx.x + j * gridDim.x) / chunks; };
+    auto half = [&](int64_t j) { return stage.at(static_cast<int>(j & 1) * held * kSlots); };
+    Item beside[2];  // kStraddle: the thread's column outside the body of the rows in each half
+    // Row j's copies into its half, a group a step (empty where there is no row j, so that each
+    // row commits `steps` groups).
+    auto fill = [&](int64_t j) {
+      const bool live = exists(j);
+      const typename Op::Row w = live ? body(op.prefetch_row(row_of(j))) : typename Op::Row{};
+      for (int s = 0; s < steps; ++s) {
+        if (live) op.template prefetch<kPack, kUnroll>(w, span_at(begin + s * stride, end), true, half(j).at(s * kSlots));
+        copy_async_commit();
       }
+    };
+    // Row j's statistic from its half, counted in. `later`: groups committed after row j's (the
+    // first row's copies are followed by the second's).
+    auto reduce_row = [&](int64_t j, int later) {
+      const typename Op::Row whole = op.row(row_of(j));
+      const int head = head_of(whole);
+      const typename Op::Row w = shifted(whole, head);
+      if (adds_outside) op.template load<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), true, &beside[j & 1]);
+      Stat st = Op::stat_init();
+      for (int s = 0; s < steps; ++s) {
+        Item v[kStep];
+        copy_async_wait_group(steps - 1 - s + later);
+        const Stage slots = half(j).at(s * kSlots);
+        op.template load<kPack, kUnroll>(w, span_at(begin + s * stride, end), true, v, &slots);
+        op.template accumulate<kStep>(st, v);
+      }
+      if (adds_outside) op.template accumulate<1>(st, &beside[j & 1]);
+      st = block_all_reduce(st, op.merge(), scratch);
+      if (threadIdx.x == 0) {
+        const int64_t set = j % kGridSets;
+        store_volatile(&ws[(set * groups + group) * chunks + chunk], st);
+        __threadfence();
+        atomicAdd(&counters[set * groups + group], 1u);
+      }
+    };
+    // Row j once its group has counted in: applied and written from its half, which takes row j + 2.
+    auto write_row = [&](int64_t j) {
+      const int64_t set = j % kGridSets;
+      if (threadIdx.x == 0) {
+        const unsigned want = static_cast<unsigned>(chunks * (j / kGridSets + 1));
+        while (load_volatile(&counters[set * groups + group]) < want) spin_pause();
+        __threadfence();
+      }
+      __syncthreads();
+      Stat st = threadIdx.x < chunks ? load_volatile(&ws[(set * groups + group) * chunks + threadIdx.x]) : Op::stat_init();
+      const typename Op::Final fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
+      const typename Op::Row whole = op.row(row_of(j));
+      const int head = head_of(whole);
+      const typename Op::Row w = shifted(whole, head);
+      const bool refills = exists(j + 2);
+      const typename Op::Row next = refills ? body(op.prefetch_row(row_of(j + 2))) : typename Op::Row{};
+      for (int s = 0; s < steps; ++s) {
+        Item v[kStep];
+        const Span span = span_at(begin + s * stride, end);
+        read_resident(w, span, half(j).at(s * kSlots), v, refills ? &next : nullptr);
+        op.template apply<kStep>(v, fin);
+        op.template store<kPack, kUnroll>(w, span, v);
+      }
+      if (adds_outside) {
+        op.template apply<1>(&beside[j & 1], fin);
+        op.template store<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), &beside[j & 1]);
+      }
+    };
+    fill(0);
+    fill(1);
+    int64_t j = 0;
+    for (; exists(j); ++j) {
+      reduce_row(j, j == 0 ? steps : 0);
       if (j > 0) write_row(j - 1);
-      return;
     }
+    if (j > 0) write_row(j - 1);
+    return;
   }
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
     const typename Op::Row w = body(op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x));
