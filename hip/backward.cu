@@ -62,9 +62,7 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename BackwardOp<T>::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, dev, ws, q->text, q->text_len);
-  if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
-    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
-                static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  if (int st = check_workspace(p, plan, ws)) return st;
   if (plan.family == kTileFamily) return launch_tile(op, p.rows, plan, stream);
   if (plan.family == kPassesFamily) return launch_passes<BackwardOp<T>, 2, true, false>(op, p.rows, plan, stream);
   return launch_plan(op, p.rows, plan, stream, p.workspace);

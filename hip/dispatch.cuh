@@ -822,11 +822,22 @@ inline void cap_blocks(Plan* p, int cap) {
 inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
   if (p.grid) {  // grid_workspace_bytes (families.cuh): kGridSets partials a block and counters a group
     const int64_t groups = p.blocks / p.chunks;
-    return kGridSets * groups * (p.chunks * static_cast<int64_t>(stat_bytes) + static_cast<int64_t>(sizeof(unsigned)));
+    return kGridSets * groups * (p.chunks * grid_slot_bytes(static_cast<int64_t>(stat_bytes)) + static_cast<int64_t>(sizeof(unsigned)));
   }
   // The stream's two launches, and rows_passes' three (split_passes): a statistic a chunk.
   const bool split = (p.family == SOFTMAX_FAMILY_STREAM || p.family == kPassesFamily) && p.chunks > 1 && p.cluster == 1;
   return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
+}
+
+// Whether the caller's workspace fits plan p (`ws` bytes): large enough, and 8-byte aligned
+// where the grid's partials are words (GridTag). Checked before any launch.
+inline int check_workspace(const softmax_problem_t& q, const Plan& p, int64_t ws) {
+  if (ws > 0 && (!q.workspace || q.workspace_bytes < ws))
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
+                static_cast<long long>(ws), static_cast<long long>(q.workspace ? q.workspace_bytes : 0));
+  if (p.grid && reinterpret_cast<uintptr_t>(q.workspace) % 8 != 0)
+    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "the workspace must be 8-byte aligned, got address %p", q.workspace);
+  return SOFTMAX_OK;
 }
 
 inline int describe_plan(const Plan& p, const DeviceInfo& dev, int64_t workspace, char* buf, int64_t len) {
@@ -939,15 +950,11 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
       if (p.cluster > 1)
         return launch(rows_stream<Op, kPack, kShareCluster, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
                       p.chunk_cols, p.held, int{kStreamResident}, ws);
-      // The groups' counters start at zero (the partials need no clearing: each is written
-      // before its counter says so).
-      using Stat = typename Op::Stat;
-      const int64_t groups = p.blocks / p.chunks;
-      const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, p.chunks), 0,
-                                          static_cast<size_t>(kGridSets * groups) * sizeof(unsigned), s);
+      // The groups' counters and the tagged partials start at zero (round -1; GridTag).
+      const hipError_t e = hipMemsetAsync(ws, 0, static_cast<size_t>(plan_workspace_bytes(p, rows, sizeof(typename Op::Stat))), s);
       if (e != hipSuccess) {
         (void)hipGetLastError();  // cleared, as after a failed launch
-        return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's counters: %s", hipGetErrorString(e));
+        return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's workspace: %s", hipGetErrorString(e));
       }
       if (p.lag)
         return launch(rows_stream<Op, kPack, kShareLagged, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,

@@ -338,15 +338,70 @@ enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStream
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagged = 3 };
 
 // kShareGrid's and kShareLagged's workspace: partials [kGridSets][groups][chunks], then counters
-// [kGridSets][groups], which the launcher zeroes. kShareGrid takes the partial sets 0 and 1
-// (alternating by row) and counter set 0; kShareLagged rotates over all four by row. Bytes, and the counters' offset.
+// [kGridSets][groups], all of which the launcher zeroes. kShareGrid takes the partial sets 0 and 1
+// (alternating by row) and counter set 0, its statistics at their own stride inside the slots;
+// kShareLagged rotates over all four by row, its statistics in words (GridTag) or, in float64,
+// at their own stride with the counters.
+//
+// GridTag: kShareLagged's exchange of a row's partials. A statistic that fits a word is published
+// with its round in one 8-byte word, which each peer polls until the round is its own: no counter
+// and no fence, as the value arrives with its readiness. Slot k of a set is written at rounds
+// 0, 1, ... (the group's rows j, j + kGridSets, ...) and polled at each by thread k of each of the
+// group's blocks, which saw the round before there (or the launcher's zeros, round -1): by
+// coherence it never sees an older round, so a tag need only tell round r from round r - 1.
+//   float (the backward's dot product): the value beside r + 1.
+//   MaxSum<float> (the forward's pair): s is >= 0 or NaN, so its sign bit carries the parity of
+//   r + 1, and is cleared when read.
+// float64 statistics do not fit a word (kTagged false): they keep the counter and its fences. Bytes, and the counters' offset.
 constexpr int kGridSets = 4;
+// A partial's slot: its statistic, at least a word (GridTag), so that a slot's word is aligned
+// wherever the workspace is (8-byte aligned: check_workspace).
+constexpr int64_t grid_slot_bytes(int64_t stat_bytes) { return stat_bytes < 8 ? 8 : stat_bytes; }
 template <typename Stat> constexpr int64_t grid_partials_bytes(int64_t groups, int64_t chunks) {
-  return kGridSets * groups * chunks * static_cast<int64_t>(sizeof(Stat));
+  return kGridSets * groups * chunks * grid_slot_bytes(sizeof(Stat));
 }
 template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, int64_t chunks) {
   return grid_partials_bytes<Stat>(groups, chunks) + kGridSets * groups * static_cast<int64_t>(sizeof(unsigned));
 }
+
+template <typename Stat> struct GridTag {
+  static constexpr bool kTagged = false;
+};
+// A float's bits and back (host and device: plan_check.cu tests the tags on the CPU).
+__host__ __device__ __forceinline__ uint32_t float_bits(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  return u;
+}
+__host__ __device__ __forceinline__ float bits_float(uint32_t u) {
+  float v;
+  memcpy(&v, &u, sizeof(v));
+  return v;
+}
+template <> struct GridTag<float> {
+  static constexpr bool kTagged = true;
+  static __host__ __device__ __forceinline__ uint64_t pack(float v, uint32_t round) {
+    return uint64_t{float_bits(v)} | uint64_t{round + 1} << 32;
+  }
+  static __host__ __device__ __forceinline__ bool ready(uint64_t w, uint32_t round) {
+    return static_cast<uint32_t>(w >> 32) == round + 1;
+  }
+  static __host__ __device__ __forceinline__ float unpack(uint64_t w) { return bits_float(static_cast<uint32_t>(w)); }
+};
+template <> struct GridTag<MaxSum<float>> {
+  static constexpr bool kTagged = true;
+  static constexpr uint32_t kSign = 0x80000000u;
+  static __host__ __device__ __forceinline__ uint64_t pack(MaxSum<float> v, uint32_t round) {
+    const uint32_t s = (float_bits(v.s) & ~kSign) | ((round + 1) & 1u) << 31;
+    return uint64_t{float_bits(v.m)} | uint64_t{s} << 32;
+  }
+  static __host__ __device__ __forceinline__ bool ready(uint64_t w, uint32_t round) {
+    return static_cast<uint32_t>(w >> 63) == ((round + 1) & 1u);
+  }
+  static __host__ __device__ __forceinline__ MaxSum<float> unpack(uint64_t w) {
+    return {bits_float(static_cast<uint32_t>(w)), bits_float(static_cast<uint32_t>(w >> 32) & ~kSign)};
+  }
+};
 
 template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, int kCarry = 0>
 __global__ __launch_bounds__(kStreamThreads, kShare == kShareLagged ? 1 : Op::kStreamMinBlocks)
@@ -562,21 +617,23 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   };
   // kStreamLagged: the block's j-th row (row (blockIdx.x + j * gridDim.x) / chunks) is held in
   // the stage's half j % 2, each step's copies a group of their own. Per row j the block reduces
-  // row j and counts itself in at its group's counter, then waits for row j - 1's counter, applies
-  // and writes row j - 1, and refills that half with row j + 1. A row's barrier is thus met one
-  // row late: its peers counted in while the block reduced the next row, so the wait rarely
-  // stalls. (Only unmasked ops stage: every step of a chunk is live, no causal stop.) Partials
-  // and counters rotate over kGridSets sets by j: a block writes a set again (row j + 4) only
-  // once its whole group has counted in row j + 2, which each peer does after reading row j's
-  // partials; a counter of a set reaches chunks * (j / 4 + 1) only once the group has counted in
-  // row j, as no block counts in row j + 4 before then. The blocks of a group walk the same rows
-  // (gridDim.x is a multiple of chunks), so every wait is met; the launch is cooperative, so every
-  // peer runs.
+  // row j and publishes its partial (GridTag's word; in float64 the partial, then a count at its
+  // group's counter), then waits for row j - 1's partials, applies and writes row j - 1, and
+  // refills that half with row j + 1. A row's barrier is thus met one row late: its peers
+  // published while the block reduced the next row, so the wait rarely stalls. (Only unmasked ops
+  // stage: every step of a chunk is live, no causal stop.) Partials and counters rotate over
+  // kGridSets sets by j: a block writes a set again (row j + 4) only once its whole group has
+  // published row j + 2, which each peer does after reading row j's partials; a counter of a set
+  // reaches chunks * (j / 4 + 1) only once the group has counted in row j, as no block counts in
+  // row j + 4 before then. The blocks of a group walk the same rows (gridDim.x is a multiple of
+  // chunks), so every wait is met; the launch is cooperative, so every peer runs.
   if constexpr (kShare == kShareLagged) {
     const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
     const int64_t begin = chunk * chunk_cols, end = min(op.cols, begin + chunk_cols);
     const int steps = static_cast<int>((end - begin + stride - 1) / stride);
+    using Tag = GridTag<Stat>;
     unsigned* counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, chunks));
+    uint64_t* words = reinterpret_cast<uint64_t*>(ws);
     const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
     auto exists = [&](int64_t j) { return blockIdx.x + j * gridDim.x < nblocks; };
     auto row_of = [&](int64_t j) { return (blockIdx.x + j * gridDim.x) / chunks; };
@@ -592,7 +649,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         copy_async_commit();
       }
     };
-    // Row j's statistic from its half, counted in. `later`: groups committed after row j's (the
+    // Row j's statistic from its half, published. `later`: groups committed after row j's (the
     // first row's copies are followed by the second's).
     auto reduce_row = [&](int64_t j, int later) {
       const typename Op::Row whole = op.row(row_of(j));
@@ -610,22 +667,42 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       if (adds_outside) op.template accumulate<1>(st, &beside[j & 1]);
       st = block_all_reduce(st, op.merge(), scratch);
       if (threadIdx.x == 0) {
-        const int64_t set = j % kGridSets;
-        store_volatile(&ws[(set * groups + group) * chunks + chunk], st);
-        __threadfence();
-        atomicAdd(&counters[set * groups + group], 1u);
+        const int64_t slot = (j % kGridSets * groups + group) * chunks + chunk;
+        if constexpr (Tag::kTagged) {
+          store_word(&words[slot], Tag::pack(st, static_cast<uint32_t>(j / kGridSets)));
+        } else {
+          store_volatile(&ws[slot], st);
+          __threadfence();
+          atomicAdd(&counters[j % kGridSets * groups + group], 1u);
+        }
       }
     };
-    // Row j once its group has counted in: applied and written from its half, which takes row j + 2.
+    // Row j once its group has published: applied and written from its half, which takes row j + 2.
     auto write_row = [&](int64_t j) {
       const int64_t set = j % kGridSets;
-      if (threadIdx.x == 0) {
-        const unsigned want = static_cast<unsigned>(chunks * (j / kGridSets + 1));
-        while (load_volatile(&counters[set * groups + group]) < want) spin_pause();
-        __threadfence();
+      Stat st = Op::stat_init();
+      if constexpr (Tag::kTagged) {
+        // Thread k waits for chunk k's word (chunks <= threads, plan_grid); the all-reduce's
+        // barrier then holds the block until every word has come.
+        if (threadIdx.x < chunks) {
+          const uint64_t* word = &words[(set * groups + group) * chunks + threadIdx.x];
+          const uint32_t round = static_cast<uint32_t>(j / kGridSets);
+          uint64_t got = load_word(word);
+          while (!Tag::ready(got, round)) {
+            spin_pause();
+            got = load_word(word);
+          }
+          st = Tag::unpack(got);
+        }
+      } else {
+        if (threadIdx.x == 0) {
+          const unsigned want = static_cast<unsigned>(chunks * (j / kGridSets + 1));
+          while (load_volatile(&counters[set * groups + group]) < want) spin_pause();
+          __threadfence();
+        }
+        __syncthreads();
+        if (threadIdx.x < chunks) st = load_volatile(&ws[(set * groups + group) * chunks + threadIdx.x]);
       }
-      __syncthreads();
-      Stat st = threadIdx.x < chunks ? load_volatile(&ws[(set * groups + group) * chunks + threadIdx.x]) : Op::stat_init();
       const typename Op::Final fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
       const typename Op::Row whole = op.row(row_of(j));
       const int head = head_of(whole);

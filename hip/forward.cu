@@ -159,9 +159,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   const int64_t ws = plan_workspace_bytes(plan, p.rows, sizeof(typename Op::Stat));
   if (mode == EntryMode::kWorkspace) return q->workspace = ws, SOFTMAX_OK;
   if (mode == EntryMode::kDescribe) return describe_plan(plan, dev, ws, q->text, q->text_len);
-  if (ws > 0 && (!p.workspace || p.workspace_bytes < ws))
-    return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "this shape needs a workspace of %lld bytes, got %lld",
-                static_cast<long long>(ws), static_cast<long long>(p.workspace ? p.workspace_bytes : 0));
+  if (int st = check_workspace(p, plan, ws)) return st;
   if (plan.family == kTileFamily) return launch_tile(op, p.rows, plan, stream);
   if (plan.family == kPassesFamily) {
     if constexpr (Op::kBool) {  // the boolean kinds always carry a mask or a causal limit

@@ -69,6 +69,8 @@ CASES = [
     (3, 917504, "float16", "forward"),        # a cluster of 8
     (3, 917512, "float16", "forward"),        # the grid
     (1, 16777216, "bfloat16", "forward"),     # streamed in part
+    (8, 4194304, "float32", "forward"),       # a group walks 4 rows or more unlagged: its partials'
+    (8, 8388608, "bfloat16", "forward"),      # two sets and its counter reused
     (2, 1048584, "bfloat16", "backward"),
     (7, 2000008, "float16", "backward"),
     (2, 600000, "float64", "forward"),
@@ -335,6 +337,46 @@ def test_grid_lagged_every_path():
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1  # test_long_rows* takes the masked rows too
     assert done.returncode == 0 and f"{want} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("fault", ["short", "unaligned"])
+def test_grid_workspace_checked(monkeypatch, direction, fault):
+    """A grid plan's workspace is checked before anything is launched: one byte short, or not
+    8-byte aligned (its partials are 8-byte words, GridTag), is an error that says so, and the
+    output is left as it was."""
+    if not grid_capable():
+        pytest.skip("no cooperative grid of staged rows here")
+    rows, cols = 3, 1048576
+    plan = _ops.plan((rows, cols), "float32", direction=direction)
+    assert plan["grid"] == 1, plan
+    real = _ops._workspace
+    kept = []
+
+    def broken(problem, dir_):
+        ws = real(problem, dir_)
+        assert ws is not None and problem.workspace_bytes == plan["workspace"]
+        if fault == "short":
+            problem.workspace_bytes -= 1
+        else:
+            wider = cupy.empty(problem.workspace_bytes + 16, dtype=numpy.uint8)
+            kept.append(wider)
+            problem.workspace = wider.data.ptr + 4
+        return ws
+
+    monkeypatch.setattr(_ops, "_workspace", broken)
+    g = rng()
+    host = long_inputs(g, rows, cols, "float32", direction)
+    dev_in = tuple(to_device(a, "float32") for a in host)
+    out = poisoned((rows, cols), "float32", 7.0)
+    stream = cupy.cuda.get_current_stream()
+    want = "needs a workspace" if fault == "short" else "8-byte aligned"
+    with pytest.raises(pysoftmax.SoftmaxError, match=want):
+        if direction == "forward":
+            _ops.forward(dev_in[0], out=out, stream=stream)
+        else:
+            _ops.backward_impl(*dev_in, out=out, stream=stream)
+    assert bool((out == 7.0).all()), "the output was written"
 
 
 def test_grid_past_2_to_the_31_elements():

@@ -2,10 +2,10 @@
 // (and sparsely to 1.1M: clusters of up to 8 blocks, and rows that no cluster holds),
 // every operation, vector and element-wise packs, automatic and forced families, requested block
 // sizes, and the shared memory and cluster support of H100/H200, A100, sm_86/sm_89 and sm_120 GPUs.
-// Also checks the row divisor of kernels.cuh against plain division. Prints one line per violated
-// invariant and "plans=P violations=N" last (P counts the divisions too); plan_straddling's choice
-// and plans for rows of odd length (rows_stream kStraddle); plan_tile's; built and run by
-// tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
+// Also checks the row divisor of kernels.cuh against plain division, and the grid's tags
+// (GridTag). Prints one line per violated invariant and "plans=P violations=N" last (P counts
+// the divisions and tags too); plan_straddling's choice and plans for rows of odd length
+// (rows_stream kStraddle); plan_tile's; built and run by tests/test_cpu_plan.py. No GPU is touched: the device is described, not queried.
 #include <stdio.h>
 
 #include <utility>
@@ -517,8 +517,40 @@ static void check_divisors() {
   }
 }
 
+// GridTag (hip/families.cuh): a word is ready at its own round and not at the round before or
+// after it, the launcher's zeros are ready at no round from 0, and the values come back, NaN
+// and the infinities among them (the pair's s is >= 0 or NaN: its sign bit carries the tag).
+static bool same(float a, float b) { return a == b || (a != a && b != b); }
+static void check_tags() {
+  const float inf = 1.0f / 0.0f, nan = inf - inf;
+  const float values[] = {0.0f, 1.5f, -2.25f, 3e38f, 1e-45f, inf, -inf, nan};
+  const float sums[] = {0.0f, 1.0f, 7.5f, 1e-45f, inf, nan};
+  const uint32_t rounds[] = {0, 1, 2, 3, 1000, 0xfffffffdu};
+  for (uint32_t r : rounds) {
+    for (float v : values) {
+      ++plans;
+      const uint64_t w = GridTag<float>::pack(v, r);
+      if ((!GridTag<float>::ready(w, r) || GridTag<float>::ready(w, r + 1) || (r > 0 && GridTag<float>::ready(w, r - 1)) ||
+           !same(GridTag<float>::unpack(w), v)) && violations++ < 20)
+        printf("GridTag<float>: value %g round %u\n", v, r);
+      for (float s : sums) {
+        ++plans;
+        using Pair = GridTag<MaxSum<float>>;
+        const uint64_t p = Pair::pack({v, s}, r);
+        const MaxSum<float> back = Pair::unpack(p);
+        if ((!Pair::ready(p, r) || Pair::ready(p, r + 1) || (r > 0 && Pair::ready(p, r - 1)) || !same(back.m, v) ||
+             !same(back.s, s)) && violations++ < 20)
+          printf("GridTag<MaxSum<float>>: (%g, %g) round %u\n", v, s, r);
+      }
+    }
+  }
+  if ((GridTag<float>::ready(0, 0) || GridTag<MaxSum<float>>::ready(0, 0)) && violations++ < 20)
+    printf("GridTag: the launcher's zeros are ready at round 0\n");
+}
+
 int main() {
   check_divisors();
+  check_tags();
   // H100/H200 (227 KiB) and sm_120 GPUs (99 KiB) launch clusters; A100 and sm_86/sm_89 do not.
   const std::pair<int64_t, int> devices[] = {{int64_t{227} << 10, kMaxCluster}, {int64_t{163} << 10, 1},
                                              {int64_t{99} << 10, 1}, {int64_t{99} << 10, kMaxCluster}};
