@@ -950,8 +950,14 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
       if (p.cluster > 1)
         return launch(rows_stream<Op, kPack, kShareCluster, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
                       p.chunk_cols, p.held, int{kStreamResident}, ws);
-      // The groups' counters and the tagged partials start at zero (round -1; GridTag).
-      const hipError_t e = hipMemsetAsync(ws, 0, static_cast<size_t>(plan_workspace_bytes(p, rows, sizeof(typename Op::Stat))), s);
+      // The groups' counters start at zero, and a lagged grid's tagged partials too (round -1;
+      // GridTag). The unlagged grid clears its counters alone: a larger clear measured a point
+      // slower on its shortest rows (docs/TUNING.md, "plan_grid: lagged rows").
+      using Stat = typename Op::Stat;
+      const int64_t groups = p.blocks / p.chunks, partials = grid_partials_bytes<Stat>(groups, p.chunks);
+      const int64_t from = p.lag ? 0 : partials;
+      const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + from, 0,
+                                          static_cast<size_t>(partials + kGridSets * groups * int64_t{sizeof(unsigned)} - from), s);
       if (e != hipSuccess) {
         (void)hipGetLastError();  // cleared, as after a failed launch
         return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's workspace: %s", hipGetErrorString(e));
