@@ -135,8 +135,15 @@ constexpr int kMaxStreamDepth = 8;
 // steps go one at a time, each read twice, and hide neither read (docs/TUNING.md, "plan_grid").
 constexpr double kGridReread = 1.0;
 // plan_grid's cost of a lagged row's barrier, in steps: what a row's wait costs once the next row
-// was reduced under it (docs/TUNING.md, "plan_grid: lagged rows").
+// was reduced under it. kGridLagRowCost where the op's unlagged blocks run two an SM (the
+// forward's), kGridLagRowCostAlone where they run one (the backward's, whose lagged plans
+// measured fastest with the most chunks; docs/TUNING.md, "plan_grid: lagged rows").
 constexpr double kGridLagRowCost = 0.25;
+constexpr double kGridLagRowCostAlone = 0.0;
+// The backward's lagged plans leave at most 1/kGridLagIdleShare of the SMs idle: its chunks of
+// one step make groups that need not divide the SMs (float32 256 x 300000: 3 groups of 37 blocks
+// on 132 SMs lost 7 points to the unlagged plan).
+constexpr int kGridLagIdleShare = 16;
 // Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
 // 2, every dtype's (docs/TUNING.md, "plan_straddling").
 constexpr int kStraddleBlock = 1;
@@ -149,7 +156,7 @@ struct DeviceInfo {
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
   double grid_reread = kGridReread;  // plan_grid's cost of a streamed step (PYSOFTMAX_GRID_REREAD)
   int grid_lag = -1;        // plan_grid's lagged plans: -1 by the model, 0 never, 1 wherever one holds the row (PYSOFTMAX_GRID_LAG)
-  double grid_lag_cost = kGridLagRowCost;  // plan_grid's cost of a lagged row's barrier (PYSOFTMAX_GRID_LAG_COST)
+  double grid_lag_cost = -1;  // plan_grid's cost of a lagged row's barrier: < 0 the op's (PYSOFTMAX_GRID_LAG_COST)
   int64_t l2_bytes = 0;     // the L2 cache (plan_grid: whether streamed steps are read again from it)
   int odd_packs_allowed = kOddPacksAll;  // the odd pack counts rows_warp may take (PYSOFTMAX_ODD_PACKS)
   bool straddle = true;                  // plan_straddling may take rows (PYSOFTMAX_STRADDLE)
@@ -228,7 +235,8 @@ inline int device_info(DeviceInfo* out) {
     // 0 to 8 (measurement; docs/TUNING.md, "plan_grid").
     if (const char* rr = getenv("PYSOFTMAX_GRID_REREAD")) info.grid_reread = std::min(8.0, std::max(0.0, atof(rr)));
     // PYSOFTMAX_GRID_LAG, read once a device: "0" no lagged grid plan, "1" a lagged plan wherever
-    // one holds the row; PYSOFTMAX_GRID_LAG_COST (0-8) replaces kGridLagRowCost (measurement;
+    // one holds the row; PYSOFTMAX_GRID_LAG_COST (0-8) replaces kGridLagRowCost and
+    // kGridLagRowCostAlone (measurement;
     // docs/TUNING.md, "plan_grid: lagged rows").
     if (const char* gl = getenv("PYSOFTMAX_GRID_LAG"); gl && (gl[0] == '0' || gl[0] == '1') && !gl[1]) info.grid_lag = gl[0] - '0';
     if (const char* lc = getenv("PYSOFTMAX_GRID_LAG_COST")) info.grid_lag_cost = std::min(8.0, std::max(0.0, atof(lc)));
@@ -360,12 +368,11 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // barrier, which a second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
 // A lagged plan (one block an SM, Plan::lag) holds two rows' chunks whole, so it takes chunks of
 // half the steps: it waits on a row's barrier only after reducing the next row, which leaves
-// dev.grid_lag_cost (kGridLagRowCost) a row, and a whole barrier for its last row. Where the op's
-// blocks would otherwise run two an SM (the forward's) and a group walks two rows or more, a
-// lagged plan is taken wherever one holds the row, as it measured faster than the model says;
-// the backward's blocks, one an SM, read their next row's first step before the barrier (kEarly)
-// and measured faster than lagged, so they are never lagged unless forced (docs/TUNING.md,
-// "plan_grid: lagged rows").
+// kGridLagRowCost (the forward's) or kGridLagRowCostAlone (the backward's) a row, and a whole
+// barrier for its last row. Where a group walks two rows or more, a lagged plan is taken wherever
+// one holds the row, as it measured faster than the model says; the backward's only where its
+// groups leave at most 1/kGridLagIdleShare of the SMs idle, and never for straddling rows
+// (plan_straddling), both of which lost (docs/TUNING.md, "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
@@ -392,6 +399,8 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
   const int64_t step_stage = stream.stage;  // one step's slots
   if (!dev.cooperative || step_stage <= 0 || stream.threads != kStreamThreads) return false;
   const int64_t steps = ceil_div(cols, step);
+  const bool alone = Op::kStreamMinBlocks == 1;  // the op's unlagged blocks run one an SM (the backward's)
+  const double lag_cost = dev.grid_lag_cost >= 0 ? dev.grid_lag_cost : alone ? kGridLagRowCostAlone : kGridLagRowCost;
   bool found = false, best_preferred = false;  // the chosen plan: whether it is preferred, and its modelled time
   double best = 0;
   for (int anywhere = 0; anywhere < 2 && !found; ++anywhere) {  // 1: streamed steps past the L2 too
@@ -414,13 +423,15 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
             if (!anywhere && (n - held) * step_stage * groups * c > dev.l2_bytes / 2) continue;
             cost = static_cast<double>(walk) * (per_sm * (n + (n - held) * dev.grid_reread) + kGridRowCost[per_sm]);
           } else {
-            if (per_sm != 1 || 2 * n > fit || dev.grid_lag == 0 || (Op::kStreamMinBlocks == 1 && dev.grid_lag != 1)) continue;
-            cost = static_cast<double>(walk) * (n + dev.grid_lag_cost) + kGridRowCost[1];
+            if (per_sm != 1 || 2 * n > fit || dev.grid_lag == 0) continue;
+            // The backward's: where a group walks two rows or more on all but a sixteenth of the SMs.
+            const bool fills = groups * c * kGridLagIdleShare >= grid * (kGridLagIdleShare - 1);
+            if (alone && dev.grid_lag != 1 && (walk < 2 || !fills)) continue;
+            cost = static_cast<double>(walk) * (n + lag_cost) + kGridRowCost[1];
           }
-          // Lagged plans first: forced (PYSOFTMAX_GRID_LAG=1), or where the op's blocks would
-          // otherwise run two an SM and a group walks two rows or more (measured faster on every
-          // such row; the model only chooses among them).
-          const bool preferred = lag && (dev.grid_lag == 1 || (dev.grid_lag < 0 && Op::kStreamMinBlocks > 1 && walk >= 2));
+          // Lagged plans first: forced (PYSOFTMAX_GRID_LAG=1), or where a group walks two rows or
+          // more (measured faster on every such row; the model only chooses among them).
+          const bool preferred = lag && (dev.grid_lag == 1 || (dev.grid_lag < 0 && walk >= 2));
           if (found && (preferred < best_preferred || (preferred == best_preferred && cost >= best))) continue;
           found = true;
           best_preferred = preferred;
@@ -1178,9 +1189,13 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
     }
   }
   if (!in_registers) {
+    // The backward's bodies are never lagged unless forced (plan_grid): lagged, they lost 2-21
+    // points (docs/TUNING.md, "plan_grid: lagged rows").
+    DeviceInfo body_dev = dev;
+    if (Op::kStreamMinBlocks == 1 && body_dev.grid_lag < 0) body_dev.grid_lag = 0;
     if (plan->family != SOFTMAX_FAMILY_STREAM || (family != SOFTMAX_FAMILY_AUTO && family != SOFTMAX_FAMILY_STREAM) ||
         (on_chip == kOffChip && sizeof(T) != 2) ||
-        !plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, dev, &p, on_chip))
+        !plan_rows<Op>(rows, body, kVec, SOFTMAX_FAMILY_STREAM, chunks, threads, body_dev, &p, on_chip))
       return false;
     if (p.carry && p.threads < kStreamThreads) {  // the one-step walk has no straddling kernel: one step ahead
       p.stage /= p.held;

@@ -65,6 +65,8 @@ CASES = [
     (3, 196612, "float32", "backward"),       # the grid
     (1, 4194308, "float32", "backward"),      # streamed in part
     (101, 300004, "float32", "backward"),     # the grid holds its chunks whole (kGridReread)
+    (16, 1048576, "float32", "backward"),     # lagged by default (a group walks 16 rows, chunks
+    (9, 2097152, "bfloat16", "backward"),     # of one step and of two)
     (40, 300004, "bfloat16", "backward"),
     (3, 917504, "float16", "forward"),        # a cluster of 8
     (3, 917512, "float16", "forward"),        # the grid
