@@ -1189,8 +1189,8 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
     }
   }
   if (!in_registers) {
-    // The backward's bodies are never lagged unless forced (plan_grid): lagged, they lost 2-21
-    // points (docs/TUNING.md, "plan_grid: lagged rows").
+    // The backward's bodies are never lagged unless forced (plan_grid): lagged, they lost up to
+    // 21 points (docs/TUNING.md, "plan_grid: lagged rows").
     DeviceInfo body_dev = dev;
     if (Op::kStreamMinBlocks == 1 && body_dev.grid_lag < 0) body_dev.grid_lag = 0;
     if (plan->family != SOFTMAX_FAMILY_STREAM || (family != SOFTMAX_FAMILY_AUTO && family != SOFTMAX_FAMILY_STREAM) ||
