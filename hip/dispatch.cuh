@@ -140,10 +140,13 @@ constexpr double kGridReread = 1.0;
 // measured fastest with the most chunks; docs/TUNING.md, "plan_grid: lagged rows").
 constexpr double kGridLagRowCost = 0.25;
 constexpr double kGridLagRowCostAlone = 0.0;
-// The backward's lagged plans leave at most 1/kGridLagIdleShare of the SMs idle: its chunks of
-// one step make groups that need not divide the SMs (float32 256 x 300000: 3 groups of 37 blocks
-// on 132 SMs lost 7 points to the unlagged plan).
+// The backward's lagged plans leave at most 1/kGridLagIdleShare of the SMs idle (float32 256 x
+// 300000: 3 groups of 37 blocks on 132 SMs lost 7 points to the unlagged plan on an H100), and
+// hold kGridLagAloneMinSteps steps a chunk or more: a chunk of one step of y and dy reads its
+// refill right after issuing it (float32 rows of 1M columns: 6-8% slower on an H200, though
+// faster on an H100; docs/TUNING.md, "plan_grid: lagged rows").
 constexpr int kGridLagIdleShare = 16;
+constexpr int64_t kGridLagAloneMinSteps = 2;
 // Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
 // 2, every dtype's (docs/TUNING.md, "plan_straddling").
 constexpr int kStraddleBlock = 1;
@@ -152,7 +155,7 @@ struct DeviceInfo {
   int sms = 0, warp = 0;
   int64_t stage_bytes = 0;  // dynamic shared memory a block may use for its stage
   int max_cluster = 1;      // most blocks of a cluster the stream may launch (1: no clusters)
-  bool cooperative = false; // cooperative launches (rows_stream kShareGrid)
+  bool cooperative = false; // cooperative launches (rows_stream kShareGrid, kShareLagged)
   int grid_blocks = 0;      // plan_grid's blocks an SM: 0 its choice, 1 or 2 forced (PYSOFTMAX_GRID_BLOCKS)
   double grid_reread = kGridReread;  // plan_grid's cost of a streamed step (PYSOFTMAX_GRID_REREAD)
   int grid_lag = -1;        // plan_grid's lagged plans: -1 by the model, 0 never, 1 wherever one holds the row (PYSOFTMAX_GRID_LAG)
@@ -356,7 +359,7 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
   return 0;
 }
 
-// rows_stream over a cooperative grid (kShareGrid), for rows not held on chip otherwise: one or
+// rows_stream over a cooperative grid (kShareGrid; kShareLagged), for rows not held on chip otherwise: one or
 // two blocks an SM sharing its shared memory, the grid cut into groups of `chunks` blocks, each
 // group walking rows whose chunks its blocks hold. A chunk past a block's stage holds what fits
 // and streams the rest twice: only where the grid's streamed steps fit half the L2 (so that their
@@ -371,8 +374,9 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // kGridLagRowCost (the forward's) or kGridLagRowCostAlone (the backward's) a row, and a whole
 // barrier for its last row. Where a group walks two rows or more, a lagged plan is taken wherever
 // one holds the row, as it measured faster than the model says; the backward's only where its
-// groups leave at most 1/kGridLagIdleShare of the SMs idle, and never for straddling rows
-// (plan_straddling), both of which lost (docs/TUNING.md, "plan_grid: lagged rows").
+// groups leave at most 1/kGridLagIdleShare of the SMs idle in chunks of kGridLagAloneMinSteps
+// or more, and never for straddling rows (plan_straddling), all of which lost (docs/TUNING.md,
+// "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
@@ -424,9 +428,10 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
             cost = static_cast<double>(walk) * (per_sm * (n + (n - held) * dev.grid_reread) + kGridRowCost[per_sm]);
           } else {
             if (per_sm != 1 || 2 * n > fit || dev.grid_lag == 0) continue;
-            // The backward's: where a group walks two rows or more on all but a sixteenth of the SMs.
+            // The backward's: where a group walks two rows or more on all but a sixteenth of the
+            // SMs, in chunks of two steps or more.
             const bool fills = groups * c * kGridLagIdleShare >= grid * (kGridLagIdleShare - 1);
-            if (alone && dev.grid_lag != 1 && (walk < 2 || !fills)) continue;
+            if (alone && dev.grid_lag != 1 && (walk < 2 || !fills || n < kGridLagAloneMinSteps)) continue;
             cost = static_cast<double>(walk) * (n + lag_cost) + kGridRowCost[1];
           }
           // Lagged plans first: forced (PYSOFTMAX_GRID_LAG=1), or where a group walks two rows or

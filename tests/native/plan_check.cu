@@ -128,9 +128,11 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               // Lagged (grid): two rows' chunks, held whole, one block an SM.
               if (p.lag && (!p.grid || p.held != chunk_steps || p.blocks > dev.sms))
                 report(op, "rows_stream lagged grid malformed", family, pack, threads, cols, p);
-              // The backward's lagged groups leave at most 1/kGridLagIdleShare of the SMs idle.
-              if (p.lag && Op::kStreamMinBlocks == 1 && p.blocks * kGridLagIdleShare < int64_t{dev.sms} * (kGridLagIdleShare - 1))
-                report(op, "rows_stream lagged backward grid leaves SMs idle", family, pack, threads, cols, p);
+              // The backward's lagged groups leave at most 1/kGridLagIdleShare of the SMs idle, in
+              // chunks of kGridLagAloneMinSteps steps or more.
+              if (p.lag && Op::kStreamMinBlocks == 1 &&
+                  (p.blocks * kGridLagIdleShare < int64_t{dev.sms} * (kGridLagIdleShare - 1) || p.held < kGridLagAloneMinSteps))
+                report(op, "rows_stream lagged backward grid leaves SMs idle or takes one-step chunks", family, pack, threads, cols, p);
               const int64_t slots = p.lag    ? 2 * p.held
                                     : p.grid ? p.held + (p.held < chunk_steps ? 1 : 0)
                                     : p.resident ? chunk_steps : p.held;
@@ -237,6 +239,9 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
                               (block || warp || (element_wise.family == SOFTMAX_FAMILY_STREAM && (on_chip != kOffChip || sizeof(T) == 2)));
           if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
           if (!took) continue;
+          // The backward's straddling bodies are never lagged (plan_straddling), unless forced.
+          if (p.lag && Op::kStreamMinBlocks == 1 && dev.grid_lag != 1)
+            report(op, "lagged straddling backward body", family, 1, 0, cols, p);
           const int64_t want_body = block || warp ? held_body : cols - (kVec - 1);
           if (!p.straddle || p.pack != kVec || body != want_body || p.family != expected_family ||
               (body % kVec && p.family != SOFTMAX_FAMILY_STREAM) || cols - body < kVec - 1 || cols - body > 2 * (kVec - 1))
