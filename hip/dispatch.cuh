@@ -239,8 +239,7 @@ inline int device_info(DeviceInfo* out) {
     if (const char* rr = getenv("PYSOFTMAX_GRID_REREAD")) info.grid_reread = std::min(8.0, std::max(0.0, atof(rr)));
     // PYSOFTMAX_GRID_LAG, read once a device: "0" no lagged grid plan, "1" a lagged plan wherever
     // one holds the row; PYSOFTMAX_GRID_LAG_COST (0-8) replaces kGridLagRowCost and
-    // kGridLagRowCostAlone (measurement;
-    // docs/TUNING.md, "plan_grid: lagged rows").
+    // kGridLagRowCostAlone (measurement; docs/TUNING.md, "plan_grid: lagged rows").
     if (const char* gl = getenv("PYSOFTMAX_GRID_LAG"); gl && (gl[0] == '0' || gl[0] == '1') && !gl[1]) info.grid_lag = gl[0] - '0';
     if (const char* lc = getenv("PYSOFTMAX_GRID_LAG_COST")) info.grid_lag_cost = std::min(8.0, std::max(0.0, atof(lc)));
   }
@@ -359,24 +358,24 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
   return 0;
 }
 
-// rows_stream over a cooperative grid (kShareGrid; kShareLagged), for rows not held on chip otherwise: one or
-// two blocks an SM sharing its shared memory, the grid cut into groups of `chunks` blocks, each
-// group walking rows whose chunks its blocks hold. A chunk past a block's stage holds what fits
-// and streams the rest twice: only where the grid's streamed steps fit half the L2 (so that their
-// second read hits it), unless no plan holds the row otherwise. Two blocks an SM hold their chunks
-// whole, of kGridPairMinSteps steps or more (shorter chunks meet at their barriers too often).
-// Of those, the plan is the one that minimises an SM's time, in steps (a step read and written):
-// its blocks' rows (ceil(rows / groups)) times the steps a row of all its blocks, a streamed step
-// costing dev.grid_reread (kGridReread) more, and each row kGridRowCost[blocks an SM] for its
-// barrier, which a second block an SM covers with its own traffic (docs/TUNING.md, "plan_grid").
-// A lagged plan (one block an SM, Plan::lag) holds two rows' chunks whole, so it takes chunks of
-// half the steps: it waits on a row's barrier only after reducing the next row, which leaves
-// kGridLagRowCost (the forward's) or kGridLagRowCostAlone (the backward's) a row, and a whole
-// barrier for its last row. Where a group walks two rows or more, a lagged plan is taken wherever
-// one holds the row, as it measured faster than the model says; the backward's only where its
-// groups leave at most 1/kGridLagIdleShare of the SMs idle in chunks of kGridLagAloneMinSteps
-// or more, and never for straddling rows (plan_straddling), all of which lost (docs/TUNING.md,
-// "plan_grid: lagged rows").
+// rows_stream over a cooperative grid (kShareGrid; kShareLagged), for rows not held on chip
+// otherwise: one or two blocks an SM sharing its shared memory, the grid cut into groups of
+// `chunks` blocks, each group walking rows whose chunks its blocks hold. A chunk past a block's
+// stage holds what fits and streams the rest twice: only where the grid's streamed steps fit half
+// the L2 (so that their second read hits it), unless no plan holds the row otherwise. Two blocks an
+// SM hold their chunks whole, of kGridPairMinSteps steps or more (shorter chunks meet at their
+// barriers too often). Of those, the plan is the one that minimises an SM's time, in steps (a step
+// read and written): its blocks' rows (ceil(rows / groups)) times the steps a row of all its
+// blocks, a streamed step costing dev.grid_reread (kGridReread) more, and each row
+// kGridRowCost[blocks an SM] for its barrier, which a second block an SM covers with its own
+// traffic (docs/TUNING.md, "plan_grid"). A lagged plan (one block an SM, Plan::lag) holds two rows'
+// chunks whole, so it takes chunks of half the steps: it waits on a row's barrier only after
+// reducing the next row, which leaves kGridLagRowCost (the forward's) or kGridLagRowCostAlone (the
+// backward's) a row, and a whole barrier for its last row. Where a group walks two rows or more, a
+// lagged plan is taken wherever one holds the row, as it measured faster than the model says; the
+// backward's only where its groups leave at most 1/kGridLagIdleShare of the SMs idle in chunks of
+// kGridLagAloneMinSteps or more, and never for straddling rows (plan_straddling), all of which lost
+// (docs/TUNING.md, "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};
