@@ -140,11 +140,10 @@ constexpr double kGridReread = 1.0;
 // measured fastest with the most chunks; docs/TUNING.md, "plan_grid: lagged rows").
 constexpr double kGridLagRowCost = 0.25;
 constexpr double kGridLagRowCostAlone = 0.0;
-// The backward's lagged plans leave at most 1/kGridLagIdleShare of the SMs idle (float32 256 x
-// 300000: 3 groups of 37 blocks on 132 SMs lost 7 points to the unlagged plan on an H100), and
-// hold kGridLagAloneMinSteps steps a chunk or more: a chunk of one step of y and dy reads its
-// refill right after issuing it (float32 rows of 1M columns: 6-8% slower on an H200, though
-// faster on an H100; docs/TUNING.md, "plan_grid: lagged rows").
+// The backward's lagged plans leave at most 1/kGridLagIdleShare of the SMs idle (groups of
+// one-step chunks need not divide the SMs, and idle SMs lost to the unlagged plan), and hold
+// kGridLagAloneMinSteps steps a chunk or more, as a chunk of one step of y and dy reads its
+// refill right after issuing it (docs/TUNING.md, "plan_grid: lagged rows").
 constexpr int kGridLagIdleShare = 16;
 constexpr int64_t kGridLagAloneMinSteps = 2;
 // Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
@@ -835,10 +834,8 @@ inline void cap_blocks(Plan* p, int cap) {
 }
 
 inline int64_t plan_workspace_bytes(const Plan& p, int64_t rows, size_t stat_bytes) {
-  if (p.grid) {  // grid_workspace_bytes (families.cuh): kGridSets partials a block and counters a group
-    const int64_t groups = p.blocks / p.chunks;
-    return kGridSets * groups * (p.chunks * grid_slot_bytes(static_cast<int64_t>(stat_bytes)) + static_cast<int64_t>(sizeof(unsigned)));
-  }
+  // The grid's: kGridSets partials a block and counters a group (families.cuh).
+  if (p.grid) return grid_workspace_bytes(p.blocks / p.chunks, p.chunks, static_cast<int64_t>(stat_bytes));
   // The stream's two launches, and rows_passes' three (split_passes): a statistic a chunk.
   const bool split = (p.family == SOFTMAX_FAMILY_STREAM || p.family == kPassesFamily) && p.chunks > 1 && p.cluster == 1;
   return split ? rows * p.chunks * static_cast<int64_t>(stat_bytes) : 0;
@@ -966,13 +963,12 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
         return launch(rows_stream<Op, kPack, kShareCluster, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
                       p.chunk_cols, p.held, int{kStreamResident}, ws);
       // The groups' counters start at zero, and a lagged grid's tagged partials too (round -1;
-      // GridTag). The unlagged grid clears its counters alone: a larger clear measured a point
-      // slower on its shortest rows (docs/TUNING.md, "plan_grid: lagged rows").
-      using Stat = typename Op::Stat;
-      const int64_t groups = p.blocks / p.chunks, partials = grid_partials_bytes<Stat>(groups, p.chunks);
-      const int64_t from = p.lag ? 0 : partials;
+      // GridTag). The unlagged grid clears its counters alone, as a larger clear measured slower
+      // on its shortest rows (docs/TUNING.md, "plan_grid: lagged rows").
+      const int64_t stat = sizeof(typename Op::Stat), groups = p.blocks / p.chunks;
+      const int64_t from = p.lag ? 0 : grid_partials_bytes(groups, p.chunks, stat);
       const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + from, 0,
-                                          static_cast<size_t>(partials + kGridSets * groups * int64_t{sizeof(unsigned)} - from), s);
+                                          static_cast<size_t>(grid_workspace_bytes(groups, p.chunks, stat) - from), s);
       if (e != hipSuccess) {
         (void)hipGetLastError();  // cleared, as after a failed launch
         return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's workspace: %s", hipGetErrorString(e));
@@ -1193,8 +1189,8 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
     }
   }
   if (!in_registers) {
-    // The backward's bodies are never lagged unless forced (plan_grid): lagged, they lost up to
-    // 21 points (docs/TUNING.md, "plan_grid: lagged rows").
+    // The backward's bodies are never lagged unless forced (plan_grid), as lagged they measured
+    // slower (docs/TUNING.md, "plan_grid: lagged rows").
     DeviceInfo body_dev = dev;
     if (Op::kStreamMinBlocks == 1 && body_dev.grid_lag < 0) body_dev.grid_lag = 0;
     if (plan->family != SOFTMAX_FAMILY_STREAM || (family != SOFTMAX_FAMILY_AUTO && family != SOFTMAX_FAMILY_STREAM) ||

@@ -358,11 +358,11 @@ constexpr int kGridSets = 4;
 // A partial's slot: its statistic, at least a word (GridTag), so that a slot's word is aligned
 // wherever the workspace is (8-byte aligned: check_workspace).
 constexpr int64_t grid_slot_bytes(int64_t stat_bytes) { return stat_bytes < 8 ? 8 : stat_bytes; }
-template <typename Stat> constexpr int64_t grid_partials_bytes(int64_t groups, int64_t chunks) {
-  return kGridSets * groups * chunks * grid_slot_bytes(sizeof(Stat));
+constexpr int64_t grid_partials_bytes(int64_t groups, int64_t chunks, int64_t stat_bytes) {
+  return kGridSets * groups * chunks * grid_slot_bytes(stat_bytes);
 }
-template <typename Stat> constexpr int64_t grid_workspace_bytes(int64_t groups, int64_t chunks) {
-  return grid_partials_bytes<Stat>(groups, chunks) + kGridSets * groups * static_cast<int64_t>(sizeof(unsigned));
+constexpr int64_t grid_workspace_bytes(int64_t groups, int64_t chunks, int64_t stat_bytes) {
+  return grid_partials_bytes(groups, chunks, stat_bytes) + kGridSets * groups * static_cast<int64_t>(sizeof(unsigned));
 }
 
 template <typename Stat> struct GridTag {
@@ -633,7 +633,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     const int64_t begin = chunk * chunk_cols, end = min(op.cols, begin + chunk_cols);
     const int steps = static_cast<int>((end - begin + stride - 1) / stride);
     using Tag = GridTag<Stat>;
-    unsigned* counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + grid_partials_bytes<Stat>(groups, chunks));
+    unsigned* counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + grid_partials_bytes(groups, chunks, sizeof(Stat)));
     uint64_t* words = reinterpret_cast<uint64_t*>(ws);
     const bool adds_outside = kStraddle && chunk == 0 && threadIdx.x < kPack - 1;
     auto exists = [&](int64_t j) { return blockIdx.x + j * gridDim.x < nblocks; };
@@ -807,7 +807,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks;
         Stat* slots = ws + (parity * groups + group) * chunks;
         unsigned* counter = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) +
-                                                        grid_partials_bytes<Stat>(groups, chunks)) + group;
+                                                        grid_partials_bytes(groups, chunks, sizeof(Stat))) + group;
         arrived += static_cast<unsigned>(chunks);
         if (threadIdx.x == 0) {
           store_volatile(&slots[chunk], st);
