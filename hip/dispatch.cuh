@@ -707,7 +707,7 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
 
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
-// several rows a block of kBlockTargetThreads, where the row takes at most `max_group` lanes
+// several rows a block of kPassesGroupThreads, where the row takes at most `max_group` lanes
 // `steps` times, or dev.passes_steps times for a ragged vector row (below); else one block a row,
 // as wide as the row needs up to kStreamThreads (group 0). False where the row is longer and
 // `block` is false: the caller streams it instead.
@@ -752,7 +752,7 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
         if (used < best || halves) best = used, p.group = g;
       }
     }
-    p.threads = kBlockTargetThreads;
+    p.threads = kPassesGroupThreads;  // (rows_passes' launch bounds)
     p.blocks = walking_grid(ceil_div(rows, p.threads / p.group), dev);
     if (lanes > p.group && sizeof(T) == 2 && pack > 1) p.ahead = dev.passes_ahead;  // (rows_passes' kWarm)
   } else if (block) {

@@ -61,6 +61,10 @@ struct Policy {
   // the planner counts its blocks an SM and so the ring's shared memory. Only where they keep the
   // blocks an SM of the kernel that does not carry.
   int stream_carry_narrow_registers;
+  // rows_passes' groups (several rows a block of kPassesGroupThreads) run under a register cap of
+  // their own where this is not 0: the blocks an SM it admits. 0: the stream's (stream_min_blocks
+  // blocks of kStreamThreads), which the block-a-row kernels keep.
+  int passes_group_blocks;
 };
 
 constexpr int kNoBackwardMask = -1;
@@ -70,22 +74,22 @@ constexpr int kStageWarpMasked = kTinyPacksVec + 1;  // masked rows_warp stages 
 
 // clang-format off
 constexpr Policy kPolicies[] = {
-//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full  tile: from / to / vec from / vec regs / blocks / vec blocks / carry / narrow carry regs
-  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      16, 128, 112, kRowRegisters / 2, 1, 3, false, 0 },
-  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false,     16, 99, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0 },
-  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0 },
-  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96},
-  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96},
+//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full  tile: from / to / vec from / vec regs / blocks / vec blocks / carry / narrow carry regs / passes group blocks
+  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      16, 128, 112, kRowRegisters / 2, 1, 3, false, 0, 3 },
+  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false,     16, 99, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
+  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0, 0 },
+  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0 },
+  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0 },
 };
 // clang-format on
 

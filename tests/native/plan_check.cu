@@ -380,6 +380,10 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
             plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, off, &o, &b) ||
             plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, none, &o, &b))
           report(op, "passes straddle with the rule off or arrays that may not", 0, kVec, 0, cols, o);
+        // rows_passes' launch bounds: groups run kPassesGroupThreads threads, a block a row at most
+        // kStreamThreads (a plan past them fails at launch).
+        if (body_plans && (q.group ? q.threads != kPassesGroupThreads : q.threads > kStreamThreads))
+          report(op, "passes plan past its kernel's launch bound", 0, kVec, 0, cols - (kVec - 1), q);
         if (!took) continue;
         if (p.family != kPassesFamily || !p.straddle || p.pack != kVec || p.passes != c.passes || body != cols - (kVec - 1) ||
             p.packs != q.packs || p.group != q.group || p.threads != q.threads || p.blocks != q.blocks ||
