@@ -924,15 +924,17 @@ template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_un
 }
 
 // The register cap, as launch bounds: a block a row runs up to kStreamThreads threads under the
-// stream's cap; groups run kPassesGroupThreads, under Op::kPassesGroupBlocks blocks an SM where
-// the op's row of the policy table names it (the 16-bit forward's, which spilled at the stream's
-// 64 registers), else under the stream's cap too.
+// stream's cap; groups run kPassesGroupThreads, their vector packs under Op::kPassesGroupBlocks
+// blocks an SM where the op's row of the policy table names it (the 16-bit forward's, which
+// spilled at the stream's 64 registers), else under the stream's cap too.
 constexpr int kPassesGroupThreads = 256;
-template <typename Op, bool kBlockRow> constexpr bool passes_own_cap() { return !kBlockRow && Op::kPassesGroupBlocks > 0; }
+template <typename Op, int kPack, bool kBlockRow> constexpr bool passes_own_cap() {
+  return !kBlockRow && kPack > 1 && Op::kPassesGroupBlocks > 0;
+}
 
 template <typename Op, int kPack, bool kBlockRow, int kPasses, bool kStraddle = false, bool kSplit = false>
-__global__ __launch_bounds__((passes_own_cap<Op, kBlockRow>() ? kPassesGroupThreads : kStreamThreads),
-                             (passes_own_cap<Op, kBlockRow>() ? Op::kPassesGroupBlocks : Op::kStreamMinBlocks))
+__global__ __launch_bounds__((passes_own_cap<Op, kPack, kBlockRow>() ? kPassesGroupThreads : kStreamThreads),
+                             (passes_own_cap<Op, kPack, kBlockRow>() ? Op::kPassesGroupBlocks : Op::kStreamMinBlocks))
 void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks, int64_t chunk_cols, int phase,
                  typename Op::Stat* ws) {
   using Item = typename Op::Item;
