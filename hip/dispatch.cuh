@@ -98,7 +98,7 @@ constexpr int64_t kMaxGridThreads = INT32_MAX;
 // whole warps on wave64 and wave32 targets alike.
 constexpr int kBlockThreadsQuantum = 64;
 static_assert(kWarpFamilyThreads % kBlockThreadsQuantum == 0 && kBlockTargetThreads % kBlockThreadsQuantum == 0 &&
-                  kStreamThreads % kBlockThreadsQuantum == 0,
+                  kStreamThreads % kBlockThreadsQuantum == 0 && kPassesGroupThreads % kBlockThreadsQuantum == 0,
               "block sizes must be whole warps on wave64 and wave32 targets");
 static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
               "the medium warp table starts at twice the tiny table's packs and must fit max_items");

@@ -924,16 +924,20 @@ template <typename Op, int kPack, bool kBlockRow = true> constexpr int passes_un
 }
 
 // The register cap, as launch bounds: a block a row runs up to kStreamThreads threads under the
-// stream's cap; groups run kPassesGroupThreads, their vector packs under Op::kPassesGroupBlocks
-// blocks an SM where the op's row of the policy table names it (the 16-bit forward's, which
-// spilled at the stream's 64 registers), else under the stream's cap too.
+// stream's cap; groups run kPassesGroupThreads threads, those of vector packs under
+// Op::kPassesGroupBlocks blocks an SM where the op's row of the policy table names it (the 16-bit
+// plain forward's, which spilled at the stream's cap), else under the stream's cap too. The
+// planner launches no more threads than passes_bound_threads (tests/native/plan_check.cu).
 constexpr int kPassesGroupThreads = 256;
 template <typename Op, int kPack, bool kBlockRow> constexpr bool passes_own_cap() {
   return !kBlockRow && kPack > 1 && Op::kPassesGroupBlocks > 0;
 }
+template <typename Op, int kPack, bool kBlockRow> constexpr int passes_bound_threads() {
+  return passes_own_cap<Op, kPack, kBlockRow>() ? kPassesGroupThreads : kStreamThreads;
+}
 
 template <typename Op, int kPack, bool kBlockRow, int kPasses, bool kStraddle = false, bool kSplit = false>
-__global__ __launch_bounds__((passes_own_cap<Op, kPack, kBlockRow>() ? kPassesGroupThreads : kStreamThreads),
+__global__ __launch_bounds__((passes_bound_threads<Op, kPack, kBlockRow>()),
                              (passes_own_cap<Op, kPack, kBlockRow>() ? Op::kPassesGroupBlocks : Op::kStreamMinBlocks))
 void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks, int64_t chunk_cols, int phase,
                  typename Op::Stat* ws) {

@@ -38,7 +38,8 @@ struct Policy {
   // and reads its unstaged vector rows a step ahead (ForwardOp::Fetch).
   bool walk;
   // Register caps, as launch bounds: rows_warp's blocks an SM, rows_block's widest block and the
-  // thread count its bound names (vector rows), rows_stream's blocks an SM.
+  // thread count its bound names (vector rows), rows_stream's blocks an SM (rows_passes' too, but
+  // for the groups that passes_group_blocks names).
   int warp_min_blocks, block_max_threads, block_bound_threads, stream_min_blocks;
   // A block for every set of rows (true), or a grid of at most kMaxBlocksPerSm blocks an SM
   // walking the rows (dispatch.cuh): rows_warp, rows_block.

@@ -380,10 +380,6 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
             plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, off, &o, &b) ||
             plan_passes_straddling<Op>(rows, cols, c.passes, kMaxGroup, c.block, c.steps, true, none, &o, &b))
           report(op, "passes straddle with the rule off or arrays that may not", 0, kVec, 0, cols, o);
-        // rows_passes' launch bounds: groups run kPassesGroupThreads threads, a block a row at most
-        // kStreamThreads (a plan past them fails at launch).
-        if (body_plans && (q.group ? q.threads != kPassesGroupThreads : q.threads > kStreamThreads))
-          report(op, "passes plan past its kernel's launch bound", 0, kVec, 0, cols - (kVec - 1), q);
         if (!took) continue;
         if (p.family != kPassesFamily || !p.straddle || p.pack != kVec || p.passes != c.passes || body != cols - (kVec - 1) ||
             p.packs != q.packs || p.group != q.group || p.threads != q.threads || p.blocks != q.blocks ||
@@ -396,6 +392,32 @@ template <typename Op> void check_passes_straddling(const char* op, int64_t stag
             (free.group == 0 || free.group >= kVec - 1) && (free.group != p.group || free.packs != p.packs || free.blocks != p.blocks))
           report(op, "straddling passes plan differs from the body's where the floor is not needed", 0, kVec, 0, cols, p);
       }
+}
+
+// plan_passes over the reference algorithms' calls (online and naive_backward's groups, naive's
+// groups or block, one step or two, vector and element-wise packs), and naive's split plans: a
+// plan launches whole warps and no more threads than its kernel's launch bound
+// (passes_bound_threads; a launch past it fails).
+template <typename Op> void check_passes_bounds(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  const DeviceInfo dev = described(stage_bytes, max_cluster);
+  struct Call { int passes; bool block; int steps; };
+  for (const Call c : {Call{2, false, 1}, Call{2, false, kNaiveBackwardGroupSteps}, Call{3, true, 1}})
+    for (int pack : {kVec, 1})
+      for (int64_t cols = 1; cols <= 300000; cols += cols < 5000 ? 1 : 997)
+        for (int64_t rows : {int64_t{7}, int64_t{100000}}) {
+          if (c.passes == 3 && Op::kInputs != 1) continue;  // naive is the forward's
+          Plan p;
+          if (!plan_passes<Op>(rows, cols, pack, c.passes, kMaxGroup, c.block, dev, &p, c.steps)) continue;
+          ++plans;
+          if (c.passes == 3) split_passes(rows, cols, 0, dev, &p);
+          const int bound = p.group == 0
+                                ? (pack > 1 ? passes_bound_threads<Op, kVec, true>() : passes_bound_threads<Op, 1, true>())
+                                : (pack > 1 ? passes_bound_threads<Op, kVec, false>() : passes_bound_threads<Op, 1, false>());
+          if (p.threads < 1 || p.threads > bound || p.threads % dev.warp)
+            report(op, "passes plan past its kernel's launch bound", 0, pack, 0, cols, p);
+        }
 }
 
 // split_passes over naive's plans (plan_passes with three passes and the block, or its
@@ -490,6 +512,12 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check_passes_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling passes forward+float mask %s", name);
   check_passes_straddling<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "passes forward %s", name);
+  check_passes_bounds<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "passes forward+float mask %s", name);
+  check_passes_bounds<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
+  snprintf(op, sizeof op, "passes backward %s", name);
+  check_passes_bounds<BackwardOp<T>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "split passes forward %s", name);
   check_passes_split<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
   snprintf(op, sizeof op, "straddling passes backward %s", name);
