@@ -8,6 +8,9 @@
 //               hold wave64 and wave32 targets, so the host asks the device (warpSize) instead.
 //   warp_shfl_xor(v, lane_mask, width)   butterfly exchange inside groups of `width` lanes.
 //   warp_all(pred)          whether pred holds on every lane of the warp (all lanes present).
+//   launch_min_blocks(threads, blocks)   a launch bound's second number for `blocks` blocks of
+//               `threads` an SM (CUDA's meaning), as the platform's compiler reads it (on AMD,
+//               never more than `blocks`).
 //   bf16_round(v)           float to bfloat16 bits, round to nearest even, NaN kept NaN: one
 //               instruction where the hardware has it (sm_80+), the bit arithmetic elsewhere.
 //   bf16x2_round(lo, hi)   two of them packed in one word, one instruction on sm_80+.
@@ -112,8 +115,18 @@ __device__ __forceinline__ V warp_shfl_xor(V v, int lane_mask, int width) {
   return __shfl_xor(v, lane_mask, width);
 }
 __device__ __forceinline__ bool warp_all(bool pred) { return __all(pred); }
+// HIP-Clang reads a launch bound's second number as waves an execution unit (a SIMD; a CU has four
+// on CDNA, as an RDNA work-group processor does), not as CUDA's blocks an SM. The number is
+// lowered to the waves that CUDA's meaning asks where those are fewer (wave64 blocks of fewer than
+// four waves, rows_warp's, whose caps spilled read as waves), never raised, as the wider blocks'
+// kernels spill under the caps their blocks would give (docs/TUNING.md, "launch_min_blocks").
+constexpr int launch_min_blocks(int threads, int blocks) {
+  const int waves = (blocks * ((threads + kWarpSize - 1) / kWarpSize) + 3) / 4;
+  return waves < blocks ? waves : blocks;
+}
 #else
 constexpr int kWarpSize = 32;
+constexpr int launch_min_blocks(int, int blocks) { return blocks; }
 template <typename V>
 __device__ __forceinline__ V warp_shfl_xor(V v, int lane_mask, int width) {
   // Every lane of the warp takes part in every exchange in this library (groups never diverge
