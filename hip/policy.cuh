@@ -64,7 +64,8 @@ struct Policy {
   int stream_carry_narrow_registers;
   // rows_passes' groups of vector packs (several rows a block of kPassesGroupThreads) run under a
   // register cap of their own where this is not 0: the blocks an SM it admits. 0: the stream's
-  // (stream_min_blocks blocks of kStreamThreads), which the block-a-row and element-wise kernels keep.
+  // (stream_min_blocks blocks of kStreamThreads), which the block-a-row and element-wise kernels
+  // keep.
   int passes_group_blocks;
 };
 
