@@ -4,7 +4,8 @@
 // with the handful of HIP names the code uses mapped onto their CUDA spellings, so every other
 // file is written in HIP C++ once. Also defines, for device code only:
 //   kWarpSize   the hardware warp width as a compile-time constant: 64 on GCN/CDNA wavefronts,
-//               32 on RDNA (wave32) and NVIDIA. Host code never uses it: one AMD fat binary may
+//               32 on RDNA (wave32) and NVIDIA. Host code never uses it (but launch_min_blocks
+//               inside launch bounds, whose host-pass value nothing reads): one AMD fat binary may
 //               hold wave64 and wave32 targets, so the host asks the device (warpSize) instead.
 //   warp_shfl_xor(v, lane_mask, width)   butterfly exchange inside groups of `width` lanes.
 //   warp_all(pred)          whether pred holds on every lane of the warp (all lanes present).
@@ -104,7 +105,8 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #endif
 
 #if defined(SOFTMAX_PLATFORM_AMD)
-// clang defines the wavefront size in each device pass; the host pass never reads kWarpSize.
+// clang defines the wavefront size in each device pass; the host pass reads kWarpSize only in
+// launch bounds (launch_min_blocks), which reach no code object there.
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
 constexpr int kWarpSize = __AMDGCN_WAVEFRONT_SIZE;
 #else
