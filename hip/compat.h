@@ -122,8 +122,9 @@ __device__ __forceinline__ bool warp_all(bool pred) { return __all(pred); }
 // lowered to the waves that CUDA's meaning asks where those are fewer (wave64 blocks of fewer than
 // four waves, rows_warp's, whose caps spilled read as waves), never raised, as the wider blocks'
 // kernels spill under the caps their blocks would give (docs/TUNING.md, "launch_min_blocks").
+constexpr int kSimdsPerCu = 4;
 constexpr int launch_min_blocks(int threads, int blocks) {
-  const int waves = (blocks * ((threads + kWarpSize - 1) / kWarpSize) + 3) / 4;
+  const int waves = (blocks * ((threads + kWarpSize - 1) / kWarpSize) + kSimdsPerCu - 1) / kSimdsPerCu;
   return waves < blocks ? waves : blocks;
 }
 #else

@@ -113,7 +113,8 @@ __device__ __forceinline__ void store_outside(const Op& op, const typename Op::R
 // the group's first lanes hold the columns outside it (holds_outside) as more items.
 
 template <typename Op, int kPack, int kPacks, int G, int kRows, bool kStraddle = false>
-__global__ __launch_bounds__(kWarpFamilyThreads, launch_min_blocks(kWarpFamilyThreads, Op::kWarpMinBlocks)) void rows_warp(const Op op, int64_t rows) {
+__global__ __launch_bounds__(kWarpFamilyThreads, launch_min_blocks(kWarpFamilyThreads, Op::kWarpMinBlocks))
+void rows_warp(const Op op, int64_t rows) {
   using Item = typename Op::Item;
   using Row = typename Op::Row;
   constexpr int kItems = kPack * kPacks;
@@ -405,7 +406,8 @@ template <> struct GridTag<MaxSum<float>> {
 };
 
 template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, int kCarry = 0>
-__global__ __launch_bounds__(kStreamThreads, launch_min_blocks(kStreamThreads, kShare == kShareLagged ? 1 : Op::kStreamMinBlocks))
+__global__ __launch_bounds__(kStreamThreads,
+                             launch_min_blocks(kStreamThreads, kShare == kShareLagged ? 1 : Op::kStreamMinBlocks))
 void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, int held, int phase,
                             typename Op::Stat* ws) {
   using Item = typename Op::Item;
@@ -935,12 +937,14 @@ template <typename Op, int kPack, bool kBlockRow> constexpr bool passes_own_cap(
 template <typename Op, int kPack, bool kBlockRow> constexpr int passes_bound_threads() {
   return passes_own_cap<Op, kPack, kBlockRow>() ? kPassesGroupThreads : kStreamThreads;
 }
+template <typename Op, int kPack, bool kBlockRow> constexpr int passes_bound_blocks() {
+  return passes_own_cap<Op, kPack, kBlockRow>() ? Op::kPassesGroupBlocks : Op::kStreamMinBlocks;
+}
 
 template <typename Op, int kPack, bool kBlockRow, int kPasses, bool kStraddle = false, bool kSplit = false>
 __global__ __launch_bounds__((passes_bound_threads<Op, kPack, kBlockRow>()),
-                             (passes_own_cap<Op, kPack, kBlockRow>()
-                                  ? launch_min_blocks(kPassesGroupThreads, Op::kPassesGroupBlocks)
-                                  : launch_min_blocks(kStreamThreads, Op::kStreamMinBlocks)))
+                             launch_min_blocks(passes_bound_threads<Op, kPack, kBlockRow>(),
+                                               passes_bound_blocks<Op, kPack, kBlockRow>()))
 void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks, int64_t chunk_cols, int phase,
                  typename Op::Stat* ws) {
   using Item = typename Op::Item;
@@ -1101,7 +1105,8 @@ template <typename T> __host__ __device__ constexpr int64_t tile_packs(int64_t r
 }
 
 template <typename Op, bool kBlockRow, int kPack>
-__global__ __launch_bounds__(kTileThreads, launch_min_blocks(kTileThreads, tile_min_blocks<Op, kPack>())) void rows_tile(const Op op, int64_t rows, int group, int tile_rows, int slots) {
+__global__ __launch_bounds__(kTileThreads, launch_min_blocks(kTileThreads, tile_min_blocks<Op, kPack>()))
+void rows_tile(const Op op, int64_t rows, int group, int tile_rows, int slots) {
   using T = typename Op::Storage;
   using C = typename Op::C;
   using Item = typename Op::Item;
