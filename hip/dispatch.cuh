@@ -110,11 +110,10 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // it works the one before (plan_tile).
 constexpr int64_t kTileBytes = 64 << 10;
 
-// plan_passes' fill rule: its narrowest group and the most steps a row. Narrower groups (a warp's
-// load over 16 rows or more at a time) and longer walks measured slower (docs/TUNING.md,
+// plan_passes' fill rule: its narrowest group (the most steps a row is the op's passes_steps).
+// Narrower groups (a warp's load over 16 rows or more at a time) measured slower (docs/TUNING.md,
 // "rows_passes").
 constexpr int kPassesFillGroup = 4;
-constexpr int kPassesFillSteps = 3;
 // rows_passes' first sweep asks L2 for this many steps past the one it loads where a 16-bit row
 // takes more than one step of its group (sweep_row): only there did it pay; float32 groups and
 // block rows keep none (docs/TUNING.md, "rows_passes").
@@ -174,7 +173,7 @@ struct DeviceInfo {
   bool tile_trim = true;                 // rows_tile's element-wise lanes trim their slots (tile_slots; PYSOFTMAX_TILE_TRIM)
   int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
   int passes_ahead = kPassesAhead;       // rows_passes' steps asked of L2 ahead, 16-bit groups (sweep_row; PYSOFTMAX_PASSES_AHEAD)
-  int passes_steps = kPassesFillSteps;   // most steps of a group a ragged vector row takes (plan_passes; PYSOFTMAX_PASSES_STEPS)
+  int passes_steps = 0;                  // > 0: most steps of a group a row takes, for every op (plan_passes; PYSOFTMAX_PASSES_STEPS)
   bool passes_halve = true;              // plan_passes' halved ties (PYSOFTMAX_PASSES_HALVE=0: off)
   int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
@@ -282,8 +281,8 @@ inline int device_info(DeviceInfo* out) {
   // "0" turns it off (measurement).
   if (const char* pf = getenv("PYSOFTMAX_PASSES_FILL")) info.passes_fill = atoi(pf);
   // PYSOFTMAX_PASSES_AHEAD and PYSOFTMAX_PASSES_STEPS, read once a device: rows_passes' steps
-  // asked of L2 ahead ("0": none), and the most steps a ragged row takes in a group ("1": none
-  // past the callers' own) (measurement).
+  // asked of L2 ahead ("0": none), and the most steps a group takes by the fill rule or for a
+  // ragged row, every op's policy replaced ("1": none past the callers' own) (measurement).
   if (const char* pa = getenv("PYSOFTMAX_PASSES_AHEAD")) info.passes_ahead = atoi(pa);
   if (const char* ps = getenv("PYSOFTMAX_PASSES_STEPS")) info.passes_steps = atoi(ps);
   // PYSOFTMAX_PASSES_HALVE=0, read once a device: plan_passes' ties keep the wider group
@@ -708,7 +707,7 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
 // several rows a block of kPassesGroupThreads, where the row takes at most `max_group` lanes
-// `steps` times, or dev.passes_steps times for a ragged vector row (below); else one block a row,
+// `steps` times, or Op::kPassesSteps times for a ragged vector row (below); else one block a row,
 // as wide as the row needs up to kStreamThreads (group 0). False where the row is longer and
 // `block` is false: the caller streams it instead.
 template <typename Op>
@@ -722,22 +721,25 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   p.family = kPassesFamily;
   p.pack = pack;
   p.passes = passes;
+  // The most steps of a group, by the fill rule or for a ragged row: the op's (passes_steps in
+  // the policy table), or PYSOFTMAX_PASSES_STEPS'.
+  const int most = dev.passes_steps > 0 ? dev.passes_steps : Op::kPassesSteps;
   // Ragged rows: vector rows whose lanes are not a whole number of warps, which a block or the
   // stream's narrow block works with idle lanes (float32 rows of 640 columns: 40 lanes, in 64
-  // threads), take up to dev.passes_steps steps of a group, where they run faster. Rows of whole
+  // threads), take up to `most` steps of a group, where they run faster. Rows of whole
   // warps keep the block or the stream, which is faster there, and naive keeps its block a row
   // where the groups' lanes leave fewer than an eighth of a warp idle. The count is the groups'
   // lanes: the block's own for 16-bit rows, a proxy for float32 ones, whose block lanes take
   // twice the packs. float64 was not measured and keeps its plans (docs/TUNING.md, "rows_passes",
   // has the figures).
   const bool ragged = ragged_row<T>(lanes, pack, dev.warp) && (!block || round_up(lanes, dev.warp) - lanes >= dev.warp / 8);
-  const int reach = ragged ? std::max(steps, dev.passes_steps) : steps;
+  const int reach = ragged ? std::max(steps, most) : steps;
   if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
     p.group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(next_pow2(lanes), min_group), max_group));
     // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps
     // idle (16-bit rows of 384 columns: 12 lanes' worth, 4 lanes of 3 steps, not 16 lanes with a
-    // quarter idle), down to kPassesFillGroup lanes and up to kPassesFillSteps steps. Ties keep
+    // quarter idle), down to kPassesFillGroup lanes and up to `most` steps. Ties keep
     // the wider group, but for a 16-bit vector row that one step of the group holds with pack
     // slots idle: half the group takes it in two steps, the second asked of L2 ahead (p.ahead),
     // which measured faster there and slower on rows that fill the step (docs/TUNING.md,
@@ -745,7 +747,7 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
     if (dev.passes_fill > 0) {
       int64_t best = int64_t{p.group} * ceil_div(lanes, p.group);
       const bool may_halve = dev.passes_halve && sizeof(T) == 2 && pack > 1;
-      for (int g = p.group / 2; g >= std::max(dev.passes_fill, min_group) && ceil_div(lanes, g) <= std::max(steps, kPassesFillSteps);
+      for (int g = p.group / 2; g >= std::max(dev.passes_fill, min_group) && ceil_div(lanes, g) <= std::max(steps, most);
            g /= 2) {
         const int64_t used = int64_t{g} * ceil_div(lanes, g);
         const bool halves = may_halve && used == best && lanes <= p.group && packs < int64_t{p.group} * p.packs;

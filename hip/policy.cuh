@@ -67,6 +67,10 @@ struct Policy {
   // (stream_min_blocks blocks of kStreamThreads), which the block-a-row and element-wise kernels
   // keep.
   int passes_group_blocks;
+  // The most steps of a group rows_passes gives a row, by plan_passes' fill rule or as a ragged
+  // vector row: the float32 forward's groups of three steps ran slower than a wider group's two
+  // steps or the stream (they ask L2 nothing ahead, as the 16-bit ones do).
+  int passes_steps;
 };
 
 constexpr int kNoBackwardMask = -1;
@@ -76,22 +80,22 @@ constexpr int kStageWarpMasked = kTinyPacksVec + 1;  // masked rows_warp stages 
 
 // clang-format off
 constexpr Policy kPolicies[] = {
-//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full  tile: from / to / vec from / vec regs / blocks / vec blocks / carry / narrow carry regs / passes group blocks
-  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      16, 128, 112, kRowRegisters / 2, 1, 3, false, 0, 3 },
-  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false,     16, 99, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0 },
-  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0, 0 },
-  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0 },
-  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0 },
+//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full  tile: from / to / vec from / vec regs / blocks / vec blocks / carry / narrow carry regs / passes group blocks / passes steps
+  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      16, 128, 112, kRowRegisters / 2, 1, 3, false, 0, 3, 3 },
+  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false,     16, 99, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 2 },
+  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
+  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0, 0, 3 },
+  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3 },
+  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3 },
 };
 // clang-format on
 

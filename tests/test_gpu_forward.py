@@ -58,27 +58,38 @@ def test_reference_algorithms(algo, cols, dtype):
 
 # rows_passes' group widths (dispatch.cuh, plan_passes): in groups a lane takes at most 64 bytes
 # (4 vector packs: 16 float32, 32 16-bit, 8 float64 columns; 8 elements of an unaligned row), in
-# groups of up to 32 lanes, one step, or up to 3 for ragged vector rows (16-bit and float32 rows
-# whose lanes are not a multiple of the warp). online takes them where the stream's block would
-# leave lanes idle (fewer than 32 of its 4-pack or 16-element lanes, or a ragged row) and for
-# 16-bit rows up to a group's step; naive everywhere (longer rows a block a row). Columns on both
+# groups of up to 32 lanes, one step, or up to the op's passes_steps (3; 2 for the float32
+# forward) for ragged vector rows (16-bit and float32 rows whose lanes are not a multiple of the
+# warp). online takes them where the stream's block would leave lanes idle (fewer than 32 of its
+# 4-pack or 16-element lanes, or a ragged row) and for 16-bit rows up to a group's step; naive
+# everywhere (longer rows a block a row). Columns on both
 # sides of each width, widths where the fill rule takes a narrower group over more steps (160,
-# 320, 384, 640, 768), both sides of the ragged rows' three steps (float32 1536, 16-bit 3072) and
-# of naive's four idle group lanes (float32 1472: 92 group lanes, in groups; 1488: 93, a block).
+# 320, 384, 640, 768; not the float32 forward, whose groups take at most two steps), both sides
+# of the ragged rows' two and three steps (float32 1024 and 1536, 16-bit 3072) and of naive's
+# four idle group lanes (float32 960: 60 group lanes, in groups; 976: 61, a block; 16-bit 2944
+# and 2976 alike at three steps).
 # 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
 # (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes;
 # 16-bit vector rows (and bodies) that one step of a group holds with pack slots idle take half
 # the group over two steps (200, 248, 777, 1000, 1016; 256 and 1024 fill theirs); online's bodies
 # that fill one step of a whole group (1025-1031 columns) take the straddling stream.
 PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 200, 231, 233, 248, 255, 256, 257,
-               320, 384, 511, 512, 513, 640, 768, 775, 777, 1000, 1016, 1023, 1024, 1025, 1031, 1033, 1280, 1472, 1488,
-               1520, 1536, 1552, 2049, 3040, 3072, 3104, 5000]
+               320, 384, 511, 512, 513, 640, 768, 775, 777, 960, 976, 1000, 1008, 1016, 1023, 1024, 1025, 1031, 1033,
+               1040, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 2944, 2976, 3040, 3072, 3104, 5000]
 
 
-def filled_group(lanes, steps, floor=1, halve=None):
+def most_steps(item, backward=False):
+    """The most steps of a group plan_passes gives a row by the fill rule or as a ragged row: the
+    op's passes_steps (hip/policy.cuh: 2 for the float32 forward, else 3), or
+    PYSOFTMAX_PASSES_STEPS' where it is set above 0."""
+    forced = int(os.environ.get("PYSOFTMAX_PASSES_STEPS", "0") or 0)
+    return forced if forced > 0 else 2 if item == 4 and not backward else 3
+
+
+def filled_group(lanes, steps, floor=1, halve=None, most=3):
     """plan_passes' group for rows of `lanes` lanes' worth taking up to `steps` steps: the power of
     two holding them (at least `floor`, at most 32), then the fill rule: a narrower group (down to
-    4 lanes, or PYSOFTMAX_PASSES_FILL's, and `floor`; up to 3 steps or `steps`) where its
+    4 lanes, or PYSOFTMAX_PASSES_FILL's, and `floor`; up to `most` steps or `steps`) where its
     lane-steps are fewer. Ties keep the wider group, but where `halve` = (packs, packs a lane) of a
     16-bit vector row that one step of the group holds with pack slots idle: half the group
     (PYSOFTMAX_PASSES_HALVE=0: off)."""
@@ -86,7 +97,7 @@ def filled_group(lanes, steps, floor=1, halve=None):
     narrowest = int(os.environ.get("PYSOFTMAX_PASSES_FILL", "4") or 0)
     halving = halve is not None and os.environ.get("PYSOFTMAX_PASSES_HALVE", "1") != "0"
     best, g = group * -(-lanes // group), group // 2
-    while narrowest > 0 and g >= max(narrowest, floor) and -(-lanes // g) <= max(steps, 3):
+    while narrowest > 0 and g >= max(narrowest, floor) and -(-lanes // g) <= max(steps, most):
         used = g * -(-lanes // g)
         ties = halving and used == best and lanes <= group and halve[0] < group * halve[1]
         if used < best or ties:
@@ -95,13 +106,13 @@ def filled_group(lanes, steps, floor=1, halve=None):
     return group
 
 
-def group_reach(lanes, vec, item, steps, block=False):
-    """The most steps of a 32-lane group plan_passes gives a row: `steps`, or PYSOFTMAX_PASSES_STEPS'
-    (3) for a ragged row (vector packs of a 16-bit or float32 row, lanes not a multiple of 32; for
+def group_reach(lanes, vec, item, steps, block=False, most=3):
+    """The most steps of a 32-lane group plan_passes gives a row: `steps`, or `most` (most_steps)
+    for a ragged row (vector packs of a 16-bit or float32 row, lanes not a multiple of 32; for
     naive's block a row, at least 4 idle)."""
     idle = -lanes % 32
     ragged = vec and item <= 4 and idle > 0 and (not block or idle >= 4)
-    return max(steps, int(os.environ.get("PYSOFTMAX_PASSES_STEPS", "3"))) if ragged else steps
+    return max(steps, most) if ragged else steps
 
 
 def ahead_of(lanes, group, item, vec):
@@ -135,11 +146,13 @@ def passes_plan(algo, cols, dtype):
     per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
     lanes = -(-packs // per_lane)
     halve = (packs, per_lane) if item == 2 and vec else None
+    most = most_steps(item)
     if algo == "naive":
-        group = filled_group(lanes, 1, floor, halve) if lanes <= 32 * group_reach(lanes, vec, item, 1, block=True) else 0
+        reach = group_reach(lanes, vec, item, 1, block=True, most=most)
+        group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach else 0
         return "passes", group, ahead_of(lanes, group, item, vec)
-    reach = group_reach(lanes, vec, item, 1)
-    group = filled_group(lanes, 1, floor, halve) if lanes <= 32 * reach else 0
+    reach = group_reach(lanes, vec, item, 1, most=most)
+    group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach else 0
     stream_lanes = -(-packs // (4 if vec else 16))
     grouped = lanes <= 32 * reach and (item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0))
     if straddle and group == 32 and lanes <= 32:  # a body of one whole group's step: the straddling stream
@@ -179,9 +192,10 @@ def naive_backward_plan(cols, dtype):
     packs = -(-cols // pack)
     lanes = -(-packs // per_lane)
     steps = 2 if pack > 1 else 1
-    if lanes > 32 * group_reach(lanes, vec, item, steps):
+    most = most_steps(item, backward=True)
+    if lanes > 32 * group_reach(lanes, vec, item, steps, most=most):
         return "stream", None, 0
-    group = filled_group(lanes, steps, 8 if straddle else 1, (packs, per_lane) if item == 2 and vec else None)
+    group = filled_group(lanes, steps, 8 if straddle else 1, (packs, per_lane) if item == 2 and vec else None, most)
     return "passes", group, ahead_of(lanes, group, item, vec)
 
 
