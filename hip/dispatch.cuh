@@ -173,7 +173,7 @@ struct DeviceInfo {
   bool tile_trim = true;                 // rows_tile's element-wise lanes trim their slots (tile_slots; PYSOFTMAX_TILE_TRIM)
   int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
   int passes_ahead = kPassesAhead;       // rows_passes' steps asked of L2 ahead, 16-bit groups (sweep_row; PYSOFTMAX_PASSES_AHEAD)
-  int passes_steps = 0;                  // > 0: most steps of a group a row takes, for every op (plan_passes; PYSOFTMAX_PASSES_STEPS)
+  int passes_steps = 0;                  // > 0: every op's passes_steps replaced (plan_passes; PYSOFTMAX_PASSES_STEPS)
   bool passes_halve = true;              // plan_passes' halved ties (PYSOFTMAX_PASSES_HALVE=0: off)
   int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
@@ -707,7 +707,7 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
 // several rows a block of kPassesGroupThreads, where the row takes at most `max_group` lanes
-// `steps` times, or Op::kPassesSteps times for a ragged vector row (below); else one block a row,
+// `steps` times, or `most` times for a ragged vector row (below); else one block a row,
 // as wide as the row needs up to kStreamThreads (group 0). False where the row is longer and
 // `block` is false: the caller streams it instead.
 template <typename Op>

@@ -68,8 +68,8 @@ struct Policy {
   // keep.
   int passes_group_blocks;
   // The most steps of a group rows_passes gives a row, by plan_passes' fill rule or as a ragged
-  // vector row: the float32 forward's groups of three steps ran slower than a wider group's two
-  // steps or the stream (they ask L2 nothing ahead, as the 16-bit ones do).
+  // vector row: the plain float32 forward's groups of three steps ran slower than a wider group
+  // of one or two steps, the stream or a block a row (docs/TUNING.md, "passes_steps").
   int passes_steps;
 };
 

@@ -65,7 +65,7 @@ def test_reference_algorithms(algo, cols, dtype):
 # everywhere (longer rows a block a row). Columns on both
 # sides of each width, widths where the fill rule takes a narrower group over more steps (160,
 # 320, 384, 640, 768; not the float32 forward, whose groups take at most two steps), both sides
-# of the ragged rows' two and three steps (float32 1024 and 1536, 16-bit 3072) and of naive's
+# of the ragged rows' two and three steps (float32 1008-1040, 16-bit 3072) and of naive's
 # four idle group lanes (float32 960: 60 group lanes, in groups; 976: 61, a block; 16-bit 2944
 # and 2976 alike at three steps).
 # 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
