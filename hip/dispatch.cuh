@@ -110,10 +110,14 @@ static_assert(kTinyPacksVec * 2 <= 4 && kTinyPacksScalar * 2 <= 8,
 // it works the one before (plan_tile).
 constexpr int64_t kTileBytes = 64 << 10;
 
-// plan_passes' fill rule: its narrowest group (the most steps a row is the op's passes_steps).
-// Narrower groups (a warp's load over 16 rows or more at a time) measured slower (docs/TUNING.md,
-// "rows_passes").
+// plan_passes' fill rule: its narrowest group (the most steps a row is the op's passes_steps, or
+// kPassesElementSteps). Narrower groups (a warp's load over 16 rows or more at a time) measured
+// slower (docs/TUNING.md, "rows_passes").
 constexpr int kPassesFillGroup = 4;
+// The most steps of a group plan_passes gives an element-wise row, whatever the op: the float32
+// forward's, which take at most two steps in vector packs, ran faster in three steps at some widths
+// and slower at others (docs/TUNING.md, "passes_steps").
+constexpr int kPassesElementSteps = 3;
 // rows_passes' first sweep asks L2 for this many steps past the one it loads where a 16-bit row
 // takes more than one step of its group (sweep_row): only there did it pay; float32 groups and
 // block rows keep none (docs/TUNING.md, "rows_passes").
@@ -721,9 +725,10 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   p.family = kPassesFamily;
   p.pack = pack;
   p.passes = passes;
-  // The most steps of a group, by the fill rule or for a ragged row: the op's (passes_steps in
-  // the policy table), or PYSOFTMAX_PASSES_STEPS'.
-  const int most = dev.passes_steps > 0 ? dev.passes_steps : Op::kPassesSteps;
+  // The most steps of a group, by the fill rule or for a ragged row: the op's for vector rows
+  // (passes_steps in the policy table), kPassesElementSteps for element-wise ones, or
+  // PYSOFTMAX_PASSES_STEPS' for both.
+  const int most = dev.passes_steps > 0 ? dev.passes_steps : pack > 1 ? Op::kPassesSteps : kPassesElementSteps;
   // Ragged rows: vector rows whose lanes are not a whole number of warps, which a block or the
   // stream's narrow block works with idle lanes (float32 rows of 640 columns: 40 lanes, in 64
   // threads), take up to `most` steps of a group, where they run faster. Rows of whole

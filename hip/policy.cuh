@@ -67,9 +67,9 @@ struct Policy {
   // (stream_min_blocks blocks of kStreamThreads), which the block-a-row and element-wise kernels
   // keep.
   int passes_group_blocks;
-  // The most steps of a group rows_passes gives a row, by plan_passes' fill rule or as a ragged
-  // vector row: the plain float32 forward's groups of three steps ran slower than a wider group
-  // of one or two steps, the stream or a block a row (docs/TUNING.md, "passes_steps").
+  // The most steps of a group rows_passes gives a row of vector packs, by plan_passes' fill rule
+  // or as a ragged row: the plain float32 forward's groups of three steps ran slower than a wider
+  // group of one or two steps, the stream or a block a row (docs/TUNING.md, "passes_steps").
   int passes_steps;
 };
 

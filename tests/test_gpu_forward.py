@@ -78,12 +78,12 @@ PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 16
                1040, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 2944, 2976, 3040, 3072, 3104, 5000]
 
 
-def most_steps(item, backward=False):
+def most_steps(item, vec, backward=False):
     """The most steps of a group plan_passes gives a row by the fill rule or as a ragged row: the
-    op's passes_steps (hip/policy.cuh: 2 for the float32 forward, else 3), or
-    PYSOFTMAX_PASSES_STEPS' where it is set above 0."""
+    op's passes_steps for vector rows (hip/policy.cuh: 2 for the float32 forward, else 3), 3 for
+    element-wise rows (kPassesElementSteps), or PYSOFTMAX_PASSES_STEPS' where it is set above 0."""
     forced = int(os.environ.get("PYSOFTMAX_PASSES_STEPS", "0") or 0)
-    return forced if forced > 0 else 2 if item == 4 and not backward else 3
+    return forced if forced > 0 else 2 if item == 4 and vec and not backward else 3
 
 
 def filled_group(lanes, steps, floor=1, halve=None, most=3):
@@ -146,7 +146,7 @@ def passes_plan(algo, cols, dtype):
     per_lane = min(32 // (pack * (2 if item == 8 else 1)), 8, 64 // (pack * item))
     lanes = -(-packs // per_lane)
     halve = (packs, per_lane) if item == 2 and vec else None
-    most = most_steps(item)
+    most = most_steps(item, vec)
     if algo == "naive":
         reach = group_reach(lanes, vec, item, 1, block=True, most=most)
         group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach else 0
@@ -192,7 +192,7 @@ def naive_backward_plan(cols, dtype):
     packs = -(-cols // pack)
     lanes = -(-packs // per_lane)
     steps = 2 if pack > 1 else 1
-    most = most_steps(item, backward=True)
+    most = most_steps(item, vec, backward=True)
     if lanes > 32 * group_reach(lanes, vec, item, steps, most=most):
         return "stream", None, 0
     group = filled_group(lanes, steps, 8 if straddle else 1, (packs, per_lane) if item == 2 and vec else None, most)
