@@ -56,18 +56,17 @@ def test_reference_algorithms(algo, cols, dtype):
     check_forward(algo, 9, cols, dtype, rng())
 
 
-# rows_passes' group widths (dispatch.cuh, plan_passes): in groups a lane takes at most 64 bytes
-# (4 vector packs: 16 float32, 32 16-bit, 8 float64 columns; 8 elements of an unaligned row), in
-# groups of up to 32 lanes, one step, or up to the op's passes_steps (3; 2 for the float32
-# forward) for ragged vector rows (16-bit and float32 rows whose lanes are not a multiple of the
-# warp). online takes them where the stream's block would leave lanes idle (fewer than 32 of its
-# 4-pack or 16-element lanes, or a ragged row) and for 16-bit rows up to a group's step; naive
-# everywhere (longer rows a block a row). Columns on both
-# sides of each width, widths where the fill rule takes a narrower group over more steps (160,
-# 320, 384, 640, 768; not the float32 forward, whose groups take at most two steps), both sides
-# of the ragged rows' two and three steps (float32 1008-1040, 16-bit 3072) and of naive's
-# four idle group lanes (float32 960: 60 group lanes, in groups; 976: 61, a block; 16-bit 2944
-# and 2976 alike at three steps).
+# rows_passes' group widths (dispatch.cuh, plan_passes): in groups a lane takes at most 64 bytes (4
+# vector packs: 16 float32, 32 16-bit, 8 float64 columns; 8 elements of an unaligned row), in groups
+# of up to 32 lanes, one step, or up to the op's passes_steps (3; 2 for the float32 forward) for
+# ragged vector rows (16-bit and float32 rows whose lanes are not a multiple of the warp). online
+# takes them where the stream's block would leave lanes idle (fewer than 32 of its 4-pack or
+# 16-element lanes, or a ragged row) and for 16-bit rows up to a group's step; naive everywhere
+# (longer rows a block a row). Columns on both sides of each width, widths where the fill rule takes
+# a narrower group over more steps (160, 320, 384, 640, 768; not the float32 forward, whose groups
+# take at most two steps), both sides of the ragged rows' two and three steps (float32 1008-1040,
+# 16-bit 3072) and of naive's four idle group lanes (float32 960: 60 group lanes, in groups; 976:
+# 61, a block; 16-bit 2944 and 2976 alike at three steps).
 # 16-bit rows of an odd width whose bodies, cols - 7 columns, hold 8 lanes or more straddle
 # (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes;
 # 16-bit vector rows (and bodies) that one step of a group holds with pack slots idle take half
