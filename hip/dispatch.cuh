@@ -177,7 +177,7 @@ struct DeviceInfo {
   bool tile_trim = true;                 // rows_tile's element-wise lanes trim their slots (tile_slots; PYSOFTMAX_TILE_TRIM)
   int passes_fill = kPassesFillGroup;    // > 0: plan_passes' fill rule, down to groups this narrow; 0: off (PYSOFTMAX_PASSES_FILL)
   int passes_ahead = kPassesAhead;       // rows_passes' steps asked of L2 ahead, 16-bit groups (sweep_row; PYSOFTMAX_PASSES_AHEAD)
-  int passes_steps = 0;                  // > 0: every op's passes_steps replaced (plan_passes; PYSOFTMAX_PASSES_STEPS)
+  int passes_steps = 0;                  // > 0: replaces passes_steps, kPassesElementSteps (plan_passes; PYSOFTMAX_PASSES_STEPS)
   bool passes_halve = true;              // plan_passes' halved ties (PYSOFTMAX_PASSES_HALVE=0: off)
   int cluster_min = 2;                   // the fewest blocks of a cluster plan_stream_at tries (PYSOFTMAX_CLUSTER_MIN)
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
@@ -286,7 +286,8 @@ inline int device_info(DeviceInfo* out) {
   if (const char* pf = getenv("PYSOFTMAX_PASSES_FILL")) info.passes_fill = atoi(pf);
   // PYSOFTMAX_PASSES_AHEAD and PYSOFTMAX_PASSES_STEPS, read once a device: rows_passes' steps
   // asked of L2 ahead ("0": none), and the most steps a group takes by the fill rule or for a
-  // ragged row, every op's policy replaced ("1": none past the callers' own) (measurement).
+  // ragged row, for every op and element-wise rows too ("1": none past the callers' own)
+  // (measurement).
   if (const char* pa = getenv("PYSOFTMAX_PASSES_AHEAD")) info.passes_ahead = atoi(pa);
   if (const char* ps = getenv("PYSOFTMAX_PASSES_STEPS")) info.passes_steps = atoi(ps);
   // PYSOFTMAX_PASSES_HALVE=0, read once a device: plan_passes' ties keep the wider group
