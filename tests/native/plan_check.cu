@@ -491,43 +491,31 @@ template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes,
 
 template <typename T> void check_dtype(const char* name, int64_t stage_bytes, int max_cluster) {
   char op[64];
-  snprintf(op, sizeof op, "forward %s", name);
-  check<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "forward+bool mask %s", name);
-  check<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "forward+bool mask, no causal %s", name);
-  check<ForwardOp<T, kKeepMask>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "forward+float mask %s", name);
-  check<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "backward %s", name);
-  check<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  // The label of each check: what it checks, then the dtype.
+  auto named = [&](const char* what) {
+    snprintf(op, sizeof op, "%s %s", what, name);
+    return op;
+  };
+  check<ForwardOp<T, kPlain>>(named("forward"), stage_bytes, max_cluster);
+  check<ForwardOp<T, kCausalLimit>>(named("forward+bool mask"), stage_bytes, max_cluster);
+  check<ForwardOp<T, kKeepMask>>(named("forward+bool mask, no causal"), stage_bytes, max_cluster);
+  check<ForwardOp<T, kAdditive>>(named("forward+float mask"), stage_bytes, max_cluster);
+  check<BackwardOp<T>>(named("backward"), stage_bytes, max_cluster);
   check_carry_off<BackwardOp<T>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "straddling forward %s", name);
-  check_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "straddling forward+bool mask %s", name);
-  check_straddling<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "straddling backward %s", name);
-  check_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "straddling passes forward %s", name);
-  check_passes_straddling<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "straddling passes forward+float mask %s", name);
-  check_passes_straddling<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "passes forward %s", name);
-  check_passes_bounds<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "passes forward+float mask %s", name);
-  check_passes_bounds<ForwardOp<T, kAdditive>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "passes backward %s", name);
-  check_passes_bounds<BackwardOp<T>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "split passes forward %s", name);
-  check_passes_split<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "straddling passes backward %s", name);
-  check_passes_straddling<BackwardOp<T>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "tiled backward %s", name);
-  check_tile<BackwardOp<T>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "tiled forward %s", name);
-  check_tile<ForwardOp<T, kPlain>>(op, stage_bytes, max_cluster);
-  snprintf(op, sizeof op, "tiled forward+bool mask %s", name);
-  check_tile<ForwardOp<T, kCausalLimit>>(op, stage_bytes, max_cluster);
+  check_straddling<ForwardOp<T, kPlain>>(named("straddling forward"), stage_bytes, max_cluster);
+  check_straddling<ForwardOp<T, kCausalLimit>>(named("straddling forward+bool mask"), stage_bytes, max_cluster);
+  check_straddling<BackwardOp<T>>(named("straddling backward"), stage_bytes, max_cluster);
+  check_passes_straddling<ForwardOp<T, kPlain>>(named("straddling passes forward"), stage_bytes, max_cluster);
+  check_passes_straddling<ForwardOp<T, kAdditive>>(named("straddling passes forward+float mask"), stage_bytes,
+                                                   max_cluster);
+  check_passes_bounds<ForwardOp<T, kPlain>>(named("passes forward"), stage_bytes, max_cluster);
+  check_passes_bounds<ForwardOp<T, kAdditive>>(named("passes forward+float mask"), stage_bytes, max_cluster);
+  check_passes_bounds<BackwardOp<T>>(named("passes backward"), stage_bytes, max_cluster);
+  check_passes_split<ForwardOp<T, kPlain>>(named("split passes forward"), stage_bytes, max_cluster);
+  check_passes_straddling<BackwardOp<T>>(named("straddling passes backward"), stage_bytes, max_cluster);
+  check_tile<BackwardOp<T>>(named("tiled backward"), stage_bytes, max_cluster);
+  check_tile<ForwardOp<T, kPlain>>(named("tiled forward"), stage_bytes, max_cluster);
+  check_tile<ForwardOp<T, kCausalLimit>>(named("tiled forward+bool mask"), stage_bytes, max_cluster);
 }
 
 // The row divisor's multiply-and-shift quotient (kernels.cuh) against the hardware's, for every
