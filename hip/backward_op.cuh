@@ -17,6 +17,7 @@ template <typename T> struct BackwardOp {
   using Item = GradItem<C>;
   using Stat = C;
   static constexpr int kInputs = 2;  // y and dy
+  static constexpr bool kMasked = false;  // no mask reaches the backward
   static constexpr int kStaged = 2;  // both are staged: y in the first kPacks slots, dy after
   // The tuning (policy.cuh; docs/TUNING.md says why each value).
   static constexpr Policy kPolicy = policy_row(kNoBackwardMask, sizeof(T));

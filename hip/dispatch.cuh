@@ -51,9 +51,11 @@ static_assert(kOddCounts == 2, "launch_with_pack launches kOddPacks[0] and kOddP
 template <typename Op, int kPack> constexpr bool odd_packs(int packs) {
   return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= packs;
 }
-// Whether rows_warp may straddle Op's rows (plan_straddling): unmasked 16-bit rows, the only ones
-// whose straddling rows_warp kernels are compiled (4-byte rows read one by one coalesce nearly as
-// well, and rows_block's straddling float32 rows lost; docs/TUNING.md, "plan_straddling").
+// Whether rows_warp may straddle Op's rows (plan_straddling): 16-bit rows that the op straddles
+// (Op::kStraddles) and that carry no walk (unmasked, or a boolean mask without a causal limit),
+// the only ones whose straddling rows_warp kernels are compiled (4-byte rows read one by one
+// coalesce nearly as well, and rows_block's straddling float32 rows lost; docs/TUNING.md,
+// "plan_straddling").
 template <typename Op> constexpr bool warp_straddles() {
   return Op::kStraddles && !Op::kWalk && sizeof(typename Op::Storage) == 2;
 }
@@ -169,6 +171,7 @@ struct DeviceInfo {
                                          // (PYSOFTMAX_STRADDLE_BLOCK)
   bool straddle_warp = true;             // rows_warp straddles 16-bit rows (PYSOFTMAX_STRADDLE_WARP)
   bool straddle_passes = true;           // rows_passes straddles 16-bit rows (PYSOFTMAX_STRADDLE_PASSES)
+  bool straddle_masked = false;          // plan_straddling takes masked rows (PYSOFTMAX_STRADDLE_MASKED=1)
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
@@ -265,6 +268,10 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_STRADDLE_WARP, read once a device: "0" rows_warp straddles no row (measurement).
   if (const char* sw = getenv("PYSOFTMAX_STRADDLE_WARP")) info.straddle_warp = !(sw[0] == '0' && !sw[1]);
   if (const char* sp = getenv("PYSOFTMAX_STRADDLE_PASSES")) info.straddle_passes = !(sp[0] == '0' && !sp[1]);
+  // PYSOFTMAX_STRADDLE_MASKED, read once a device: "1" lets the masked rows that the op straddles
+  // (ForwardOp::kStraddles) take their bodies' plans; off until measured (docs/TUNING.md,
+  // "plan_straddling").
+  if (const char* sm = getenv("PYSOFTMAX_STRADDLE_MASKED")) info.straddle_masked = sm[0] == '1' && !sm[1];
   // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
   // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
   // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
@@ -775,8 +782,9 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   return true;
 }
 
-// Whether rows_passes has straddling kernels for the op (rows_passes kStraddle): unmasked 16-bit
-// rows; float32 rows read one by one coalesce nearly as well (plan_straddling).
+// Whether rows_passes has straddling kernels for the op (rows_passes kStraddle): 16-bit rows that
+// the op straddles (the masked kinds never reach rows_passes); float32 rows read one by one
+// coalesce nearly as well (plan_straddling).
 template <typename Op> constexpr bool passes_straddle() {
   return Op::kStraddles && sizeof(typename Op::Storage) == 2;
 }
@@ -1168,6 +1176,7 @@ bool plan_straddling(int64_t rows, int64_t cols, int family, int64_t chunks, int
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
   if (!Op::kStraddles || !may_straddle || !dev.straddle || plan->pack != 1 || cols < 2 * kVec) return false;
+  if (Op::kMasked && !dev.straddle_masked) return false;
   const int64_t body = cols - (kVec - 1);
   const int64_t held_body = body / kVec * kVec;  // whole packs (rows held in registers)
   Plan p;

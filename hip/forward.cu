@@ -151,6 +151,9 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   plan_straddling<Op>(p.rows, p.cols, p.family, p.chunks, p.threads, on_chip, p.algo == SOFTMAX_ALGO_FUSED, straddles, dev,
                       &plan, &body);
   if (body) op.outside = static_cast<int>(p.cols - body), op.cols = body;
+  // A straddling row's body starts `head` columns into its mask row, an offset that differs
+  // from row to row: its mask is read byte by byte.
+  if (body) op.mask_vec = false;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

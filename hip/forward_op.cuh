@@ -124,7 +124,8 @@ template <typename T, int kMask> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.limit = kCausal && causal_queries.d ? min(cols, static_cast<int64_t>(k.query) + 1) : cols;
+    w.limit = cols + outside;  // the whole row's columns (shift() moves the limit to the body's)
+    if (kCausal && causal_queries.d) w.limit = min(w.limit, static_cast<int64_t>(k.query) + 1);
     w.mask = kWithMask && mask ? mask + k.off * mask_elem_size() : nullptr;
     return w;
   }
@@ -138,11 +139,11 @@ template <typename T, int kMask> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.limit = cols;
+    w.limit = cols + outside;  // the whole row's columns (shift() moves the limit to the body's)
     if (kCausal && causal_queries.d) {
       int64_t query;
       row_div(r, causal_queries, &query);
-      w.limit = min(cols, query + 1);
+      w.limit = min(w.limit, query + 1);
     }
     w.mask = nullptr;
     if (kMasked && kWithMask && mask) {
@@ -167,13 +168,18 @@ template <typename T, int kMask> struct ForwardOp {
     return w;
   }
 
-  // rows_stream kStraddle (unmasked rows only: a mask's columns would shift with the row): the
-  // row's elements before its first pack boundary, and the row from `head` columns on.
-  static constexpr bool kStraddles = !kMasked;
+  // Straddling rows (plan_straddling): the row's elements before its first pack boundary, and
+  // the row from `head` columns on, its mask and causal limit shifted with it (the limit in the
+  // body's columns may then lie before it, or past its end for the columns after it). Unmasked
+  // rows, and 16-bit rows with a boolean mask (the masked kinds' element-wise rows ran far below
+  // their unmasked ones there; the float masks and wider types keep their element-wise plans),
+  // which the planner takes only where DeviceInfo::straddle_masked says so.
+  static constexpr bool kStraddles = !kMasked || (kBool && sizeof(T) == 2);
   __device__ __forceinline__ int head(const Row& w) const { return pack_head(w.x); }
   __device__ __forceinline__ Row shift(const Row& w, int head) const {
-    static_assert(kStraddles, "masked rows do not straddle");
-    return {w.x + head, w.y + head, nullptr, w.limit};
+    static_assert(kStraddles, "these rows do not straddle");
+    const unsigned char* m = w.mask ? w.mask + int64_t{head} * mask_col_stride * mask_elem_size() : nullptr;
+    return {w.x + head, w.y + head, m, kCausal ? w.limit - head : w.limit};
   }
 
   // rows_tile (unmasked rows only, as kStraddles): row r's start in x (k 0) and y, and row w read

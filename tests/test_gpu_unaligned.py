@@ -8,6 +8,10 @@ elements around the view keep it. Inputs and outputs start at different offsets 
 the rows cross every family's thresholds.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy
 import pytest
 
@@ -155,6 +159,70 @@ def test_unaligned_masked_and_causal(dtype, s):
         for blocks in (0, 4):
             y = _ops.forward(x, scale=0.3, out=poisoned(x64.shape, dtype), blocks=blocks, **kw)
             assert_close(to_host64(y), ref, dtype, f"{name} S={s} blocks={blocks} seed={g.seed}")
+
+
+# PYSOFTMAX_STRADDLE_MASKED=1 (read once a device) lets masked 16-bit rows straddle; it is off
+# until measured, and test_masked_rows_straddle_switched_on runs the tests below with it on.
+MASKED_STRADDLE = os.environ.get("PYSOFTMAX_STRADDLE_MASKED") == "1"
+MASKED_COLS = [129, 257, 1001, 1031, 2049, 4097, 10001, 32001]
+
+
+def test_masked_rows_keep_their_plans_by_default():
+    """Without the switch, masked rows of an odd width keep their element-wise plans."""
+    if MASKED_STRADDLE:
+        pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=1")
+    for dtype in ("float16", "bfloat16"):
+        for queries, mask in ((1006, True), (1006, False), (0, True)):
+            plan = _ops.plan((2012, 1001), dtype, causal_queries=queries, mask=mask)
+            assert plan["straddle"] == 0 and plan["pack"] == 1, (queries, mask, plan)
+
+
+def test_masked_rows_straddle_switched_on():
+    """test_masked_rows_straddle and test_unaligned_masked_and_causal in a process with
+    PYSOFTMAX_STRADDLE_MASKED=1."""
+    if MASKED_STRADDLE:
+        pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=1")
+    env = dict(os.environ, PYSOFTMAX_STRADDLE_MASKED="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "test_masked_rows_straddle or test_unaligned_masked_and_causal"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    want = 2 * len(MASKED_COLS) + 3 * 4  # test_unaligned_masked_and_causal: 3 dtypes, 4 widths
+    assert done.returncode == 0 and f"{want} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cols", MASKED_COLS)
+def test_masked_rows_straddle(dtype, cols):
+    """With PYSOFTMAX_STRADDLE_MASKED=1: 16-bit rows of an odd width with a boolean mask, a causal
+    limit or both, where their element-wise plan is rows_block or the stream (and, without a
+    causal limit, rows_warp's groups), take their bodies' vector plan (ForwardOp::kStraddles),
+    the mask and the limit shifted with each row's body. Queries run past the row's end where the
+    row is short enough (limits inside the columns after the body), and the masks are a padding
+    row broadcast over the queries and a whole mask of their own; the output is a fresh poisoned
+    array of the same layout, so that its rows straddle with the input's."""
+    if not MASKED_STRADDLE:
+        pytest.skip("run by test_masked_rows_straddle_switched_on (PYSOFTMAX_STRADDLE_MASKED=1)")
+    g = rng()
+    queries = cols + 5 if cols <= 4097 else 40
+    batch = 2 if cols <= 1031 else 1
+    x64 = rounded(g.standard_normal((batch, queries, cols)) * 3, dtype)
+    pad = g.random((batch, 1, cols)) > 0.2
+    whole = g.random((batch, queries, cols)) > 0.3
+    x = to_device(x64, dtype)
+    cases = [("pad", dict(mask=cupy.asarray(pad)), dict(mask=pad)),
+             ("causal", dict(causal=True), dict(causal=True)),
+             ("pad+causal", dict(mask=cupy.asarray(pad), causal=True), dict(mask=pad, causal=True)),
+             ("whole+causal", dict(mask=cupy.asarray(whole), causal=True), dict(mask=whole, causal=True))]
+    rows = batch * queries
+    for name, kw, ref_kw in cases:
+        causal = kw.get("causal", False)
+        plan = _ops.plan((rows, cols), dtype, causal_queries=queries if causal else 0, mask="mask" in kw)
+        # The bodies' plans: rows_block and the stream from 1001 columns, rows_warp's groups for
+        # the shorter rows without a causal limit (rows_warp walks the causal ones, unstraddled).
+        assert plan["straddle"] == (1 if cols >= 1001 or not causal else 0), (name, plan)
+        y = pysoftmax.fused(x, scale=0.3, out=poisoned(x64.shape, dtype), **kw)
+        assert_close(to_host64(y), ref_softmax(x64, 0.3, **ref_kw), dtype, f"{name} {cols} seed={g.seed}")
 
 
 def test_unaligned_long_rows_split():

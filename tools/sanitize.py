@@ -3,7 +3,8 @@
 `make sanitize` runs this. It starts the sanitizer on tools/sanitize_workload.py (small shapes
 that reach rows_warp (tiny and medium tables, vector and scalar packs), rows_block, rows_stream
 whole, split, in clusters and on a cooperative grid, rows_passes, forward and backward, masks and causal) once per tool, and
-its grid steps again with lagged grid plans preferred (PYSOFTMAX_GRID_LAG=1), and fails
+its grid steps again with lagged grid plans preferred (PYSOFTMAX_GRID_LAG=1) and its masked
+straddling steps with masked rows straddling (PYSOFTMAX_STRADDLE_MASKED=1), and fails
 unless every tool reports 0 errors. CuPy's memory pool is off in the workload, so every array is
 its own allocation and an out-of-bounds access cannot hide inside a pooled chunk. The three tools
 run concurrently.
@@ -30,13 +31,15 @@ def main():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     # The tools run at once, each its own process on the GPU: racecheck alone takes minutes, and
     # the others finish under it. Their outputs go to files (a pipe left unread would fill).
-    # Each tool runs the whole workload, and its grid steps once more with lagged plans preferred
-    # (PYSOFTMAX_GRID_LAG is read once a device, so in a process of their own).
+    # Each tool runs the whole workload, its grid steps once more with lagged plans preferred and
+    # its masked straddling steps with masked rows straddling (PYSOFTMAX_GRID_LAG and
+    # PYSOFTMAX_STRADDLE_MASKED are read once a device, so in processes of their own).
     runs = []
     lagged = dict(env, PYSOFTMAX_GRID_LAG="1", SANITIZE_ONLY="grid")
+    masked = dict(env, PYSOFTMAX_STRADDLE_MASKED="1", SANITIZE_ONLY="masked")
     for tool in TOOLS:
         cmd = [exe, "--tool", tool, "--error-exitcode", "17", sys.executable, workload]
-        for name, run_env in ((tool, env), (f"{tool} (lagged grid)", lagged)):
+        for name, run_env in ((tool, env), (f"{tool} (lagged grid)", lagged), (f"{tool} (masked straddling)", masked)):
             log = tempfile.TemporaryFile(mode="w+")
             runs.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=run_env, cwd=REPO), log))
     for tool, proc, log in runs:

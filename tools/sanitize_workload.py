@@ -44,6 +44,29 @@ def grid_steps(dtype):
     del x
 
 
+# Masked straddling rows (16-bit rows with a boolean mask, a causal limit or both, with
+# PYSOFTMAX_STRADDLE_MASKED=1: tools/sanitize.py runs these alone once more, in processes with it
+# and SANITIZE_ONLY=masked): bodies in rows_warp's groups (the padding mask alone), rows_block and
+# the stream (queries fewer than the keys), each row's mask and limit shifted with its body; three
+# blocks walking the rows. Without the switch, their element-wise plans.
+def masked_straddle_steps(dtype):
+    for shape in ((2, 67, 257), (2, 40, 1033), (1, 9, 20001)):
+        x = arr(shape, dtype)
+        pad = cupy.asarray(rng.random((shape[0], 1, shape[2])) > 0.2)
+        plan = _ops.plan((shape[0] * shape[1], shape[2]), dtype, causal_queries=shape[1], mask=True)
+        step(f"masked straddling {shape} {dtype} (family={plan['family']} straddle={plan['straddle']})",
+             lambda: pysoftmax.fused(x, scale=0.5, mask=pad, causal=True))
+        step(f"masked straddling pad {shape} {dtype}", lambda: pysoftmax.fused(x, mask=pad))
+        step(f"masked straddling walk {shape} {dtype}",
+             lambda: _ops.forward(x, scale=0.5, mask=pad, causal=True, blocks=3))
+        del x, pad
+
+
+if os.environ.get("SANITIZE_ONLY") == "masked":
+    masked_straddle_steps("float16")
+    sys.exit(0)
+
+
 if os.environ.get("SANITIZE_ONLY") == "grid":
     for dtype in ("float32", "float16"):
         grid_steps(dtype)
@@ -231,6 +254,7 @@ for dtype in ("float32", "float16"):
              lambda: _ops.forward(x))
         step(f"warp straddling walk {shape} {dtype}", lambda: _ops.forward(x, blocks=1))
         del x
+    masked_straddle_steps(dtype)
     # The reference algorithms' straddling rows (rows_passes kStraddle): groups of 8 and 16 lanes,
     # several steps, naive's block a row; dead rows in the last block, one block walking the rows.
     for shape in ((13, 99), (67, 1033), (5, 2049)):

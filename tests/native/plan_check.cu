@@ -191,10 +191,13 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
   using T = typename Op::Storage;
   constexpr int kVec = vec_pack<T>();
   for (int straddle_block : {kStraddleBlock, 0, 2})
-  for (bool straddle_warp : {true, false}) {
+  for (bool straddle_warp : {true, false})
+  for (bool straddle_masked : {false, true}) {
+    if (straddle_masked && !Op::kMasked) continue;
     DeviceInfo dev = described(stage_bytes, max_cluster);
     dev.straddle_block = straddle_block;
     dev.straddle_warp = straddle_warp;
+    dev.straddle_masked = straddle_masked;
     for (int on_chip : {kOnGrid, kOnCluster, kOffChip})
       for (int64_t cols = 1; cols <= 1100000; cols += cols < 40 ? 1 : cols < 1100 ? 13 : cols < 70000 ? 997 : 49999)
         for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 30}) {
@@ -213,7 +216,7 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
           Plan aligned;
           const bool held = element_wise.family == SOFTMAX_FAMILY_WARP || element_wise.family == SOFTMAX_FAMILY_BLOCK;
           const bool block_rule = straddle_block > (sizeof(T) == 2 ? 0 : 1);
-          const bool warp_rule = straddle_warp && Op::kStraddles && sizeof(T) == 2;
+          const bool warp_rule = straddle_warp && Op::kStraddles && !Op::kWalk && sizeof(T) == 2;  // no walk: warp_straddles
           const bool auto_held = fused && held && cols >= 2 * kVec &&
                                  plan_rows<Op>(rows, held_body, kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &aligned, on_chip);
           bool block = auto_held && block_rule && aligned.family == SOFTMAX_FAMILY_BLOCK;
@@ -236,7 +239,7 @@ template <typename Op> void check_straddling(const char* op, int64_t stage_bytes
             warp = warp_plan && (aligned.rows_per_group == 1 || element_wise.family == SOFTMAX_FAMILY_BLOCK);
           }
           const int expected_family = block ? SOFTMAX_FAMILY_BLOCK : warp ? SOFTMAX_FAMILY_WARP : SOFTMAX_FAMILY_STREAM;
-          const bool expect = Op::kStraddles && cols >= 2 * kVec &&
+          const bool expect = Op::kStraddles && (!Op::kMasked || straddle_masked) && cols >= 2 * kVec &&
                               (block || warp || (element_wise.family == SOFTMAX_FAMILY_STREAM && (on_chip != kOffChip || sizeof(T) == 2)));
           if (took != expect) report(op, took ? "straddles where it should not" : "does not straddle", family, 1, 0, cols, p);
           if (!took) continue;
@@ -504,6 +507,7 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check_carry_off<BackwardOp<T>>(op, stage_bytes, max_cluster);
   check_straddling<ForwardOp<T, kPlain>>(named("straddling forward"), stage_bytes, max_cluster);
   check_straddling<ForwardOp<T, kCausalLimit>>(named("straddling forward+bool mask"), stage_bytes, max_cluster);
+  check_straddling<ForwardOp<T, kKeepMask>>(named("straddling forward+bool mask, no causal"), stage_bytes, max_cluster);
   check_straddling<BackwardOp<T>>(named("straddling backward"), stage_bytes, max_cluster);
   check_passes_straddling<ForwardOp<T, kPlain>>(named("straddling passes forward"), stage_bytes, max_cluster);
   check_passes_straddling<ForwardOp<T, kAdditive>>(named("straddling passes forward+float mask"), stage_bytes,
