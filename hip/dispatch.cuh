@@ -782,11 +782,11 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   return true;
 }
 
-// Whether rows_passes has straddling kernels for the op (rows_passes kStraddle): 16-bit rows that
-// the op straddles (the masked kinds never reach rows_passes); float32 rows read one by one
+// Whether rows_passes has straddling kernels for the op (rows_passes kStraddle): unmasked 16-bit
+// rows (the reference algorithms take no mask in rows_passes); float32 rows read one by one
 // coalesce nearly as well (plan_straddling).
 template <typename Op> constexpr bool passes_straddle() {
-  return Op::kStraddles && sizeof(typename Op::Storage) == 2;
+  return Op::kStraddles && !Op::kMasked && sizeof(typename Op::Storage) == 2;
 }
 
 // Reference rows that straddle (rows_passes kStraddle): where the reference algorithms would read

@@ -120,8 +120,8 @@ void rows_warp(const Op op, int64_t rows) {
   constexpr int kItems = kPack * kPacks;
   constexpr int kGroups = kWarpSize / G;      // groups per warp
   constexpr int kWarpRows = kGroups * kRows;  // rows per warp per step
-  // Straddling rows carry no walk (unmasked) and are not read ahead, and a group has a lane for
-  // each column before the body.
+  // Straddling rows carry no walk (unmasked, or a boolean mask without a causal limit) and are
+  // not read ahead, and a group has a lane for each column before the body.
   static_assert(!kStraddle || (kPack > 1 && G >= kPack - 1 && !Op::kWalk), "rows_warp: rows that cannot straddle");
   // A narrow span: the planner gives a group of G lanes rows of at most G * kPacks * kPack columns.
   const int lane = static_cast<int>(threadIdx.x % G);

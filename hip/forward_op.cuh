@@ -124,8 +124,7 @@ template <typename T, int kMask> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.limit = cols + outside;  // the whole row's columns (shift() moves the limit to the body's)
-    if (kCausal && causal_queries.d) w.limit = min(w.limit, static_cast<int64_t>(k.query) + 1);
+    w.limit = kCausal && causal_queries.d ? static_cast<int64_t>(k.query) + 1 : cols;
     w.mask = kWithMask && mask ? mask + k.off * mask_elem_size() : nullptr;
     return w;
   }
@@ -139,11 +138,13 @@ template <typename T, int kMask> struct ForwardOp {
     Row w;
     w.x = x + r * x_stride;
     w.y = y + r * y_stride;
-    w.limit = cols + outside;  // the whole row's columns (shift() moves the limit to the body's)
+    // The causal limit unclamped (every reader bounds it by its span's end): a straddling row's
+    // (shift()) then stays the whole row's, its columns after the body included.
+    w.limit = cols;
     if (kCausal && causal_queries.d) {
       int64_t query;
       row_div(r, causal_queries, &query);
-      w.limit = min(w.limit, query + 1);
+      w.limit = query + 1;
     }
     w.mask = nullptr;
     if (kMasked && kWithMask && mask) {
@@ -170,7 +171,8 @@ template <typename T, int kMask> struct ForwardOp {
 
   // Straddling rows (plan_straddling): the row's elements before its first pack boundary, and
   // the row from `head` columns on, its mask and causal limit shifted with it (the limit in the
-  // body's columns may then lie before it, or past its end for the columns after it). Unmasked
+  // body's columns may then lie before it, or past its end for the columns after it; a shifted
+  // kind with a limit is kCausalLimit, whose limit is always the query's). Unmasked
   // rows, and 16-bit rows with a boolean mask (the masked kinds' element-wise rows ran far below
   // their unmasked ones there; the float masks and wider types keep their element-wise plans),
   // which the planner takes only where DeviceInfo::straddle_masked says so.
@@ -182,7 +184,7 @@ template <typename T, int kMask> struct ForwardOp {
     return {w.x + head, w.y + head, m, kCausal ? w.limit - head : w.limit};
   }
 
-  // rows_tile (unmasked rows only, as kStraddles): row r's start in x (k 0) and y, and row w read
+  // rows_tile (unmasked rows only, kTiles): row r's start in x (k 0) and y, and row w read
   // from the stage's copy of x, its results written over it.
   static constexpr bool kTiles = !kMasked;
   static_assert(kTiles || kTileMaxCols == 0, "masked rows are not tiled");

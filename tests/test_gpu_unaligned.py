@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 try:
     import cupy
     import pysoftmax
-    from pysoftmax import _ops
+    from pysoftmax import _lib, _ops
 except ImportError:  # pragma: no cover
     pass
 
@@ -198,9 +198,11 @@ def test_masked_rows_straddle(dtype, cols):
     limit or both, where their element-wise plan is rows_block or the stream (and, without a
     causal limit, rows_warp's groups), take their bodies' vector plan (ForwardOp::kStraddles),
     the mask and the limit shifted with each row's body. Queries run past the row's end where the
-    row is short enough (limits inside the columns after the body), and the masks are a padding
-    row broadcast over the queries and a whole mask of their own; the output is a fresh poisoned
-    array of the same layout, so that its rows straddle with the input's."""
+    row is short enough (limits inside the columns after the body, in rows_block and in the
+    stream forced, whole and split in two), and the masks are a padding row broadcast over the
+    queries, a whole mask of their own and a mask broadcast along the columns (column stride 0);
+    `online` under the same masks streams. The output is a fresh poisoned array of the same
+    layout, so that its rows straddle with the input's."""
     if not MASKED_STRADDLE:
         pytest.skip("run by test_masked_rows_straddle_switched_on (PYSOFTMAX_STRADDLE_MASKED=1)")
     g = rng()
@@ -209,20 +211,28 @@ def test_masked_rows_straddle(dtype, cols):
     x64 = rounded(g.standard_normal((batch, queries, cols)) * 3, dtype)
     pad = g.random((batch, 1, cols)) > 0.2
     whole = g.random((batch, queries, cols)) > 0.3
+    by_query = g.random((batch, queries, 1)) > 0.3
     x = to_device(x64, dtype)
     cases = [("pad", dict(mask=cupy.asarray(pad)), dict(mask=pad)),
              ("causal", dict(causal=True), dict(causal=True)),
              ("pad+causal", dict(mask=cupy.asarray(pad), causal=True), dict(mask=pad, causal=True)),
-             ("whole+causal", dict(mask=cupy.asarray(whole), causal=True), dict(mask=whole, causal=True))]
+             ("whole+causal", dict(mask=cupy.asarray(whole), causal=True), dict(mask=whole, causal=True)),
+             ("by query+causal", dict(mask=cupy.asarray(by_query), causal=True), dict(mask=by_query, causal=True))]
     rows = batch * queries
     for name, kw, ref_kw in cases:
         causal = kw.get("causal", False)
         plan = _ops.plan((rows, cols), dtype, causal_queries=queries if causal else 0, mask="mask" in kw)
         # The bodies' plans: rows_block and the stream from 1001 columns, rows_warp's groups for
-        # the shorter rows without a causal limit (rows_warp walks the causal ones, unstraddled).
+        # the shorter rows without a causal limit (no straddling rows_warp for the causal kind).
         assert plan["straddle"] == (1 if cols >= 1001 or not causal else 0), (name, plan)
+        ref = ref_softmax(x64, 0.3, **ref_kw)
         y = pysoftmax.fused(x, scale=0.3, out=poisoned(x64.shape, dtype), **kw)
-        assert_close(to_host64(y), ref_softmax(x64, 0.3, **ref_kw), dtype, f"{name} {cols} seed={g.seed}")
+        assert_close(to_host64(y), ref, dtype, f"{name} {cols} seed={g.seed}")
+        forced = [("stream", dict(family=_lib.FAMILY_STREAM)), ("split", dict(family=_lib.FAMILY_STREAM, chunks=2)),
+                  ("online", dict(algo=_lib.ALGO_ONLINE))]
+        for how, extra in forced if cols >= 1001 else forced[2:]:
+            y = _ops.forward(x, scale=0.3, out=poisoned(x64.shape, dtype), **kw, **extra)
+            assert_close(to_host64(y), ref, dtype, f"{name} {how} {cols} seed={g.seed}")
 
 
 def test_unaligned_long_rows_split():
