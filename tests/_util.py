@@ -211,3 +211,16 @@ def resident_blocks(cols, step_bytes, stride):
             if chunk_steps * step_bytes <= budget and (chunks == k or not first):
                 return chunks
     return 0
+
+
+def pytest_in_process(path, select, env, passed, timeout=900):
+    """Runs the tests of `path` that the pytest -k expression `select` names in a pytest process of
+    their own under `env` (settings the library reads once a device), and asserts that `passed` of
+    them passed and none failed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path, "-k", select],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert done.returncode == 0 and f"{passed} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]

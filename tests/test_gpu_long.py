@@ -20,13 +20,12 @@ blocks; test_stream_ring_across_rows more rows than the grid has blocks.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy
 import pytest
 
-from _util import assert_close, assert_grad_close, poisoned, ref_softmax, rng, rounded, to_device, to_host64
+from _util import (assert_close, assert_grad_close, poisoned, pytest_in_process, ref_softmax, rng, rounded, to_device,
+                   to_host64)
 
 pytestmark = pytest.mark.gpu
 
@@ -333,12 +332,9 @@ def test_grid_lagged_every_path():
     if not grid_capable():
         pytest.skip("no cooperative grid of staged rows here")
     env = dict(os.environ, PYSOFTMAX_GRID_LAG="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31"],
-                          env=env, capture_output=True, text=True, timeout=900)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1  # test_long_rows* takes the masked rows too
-    assert done.returncode == 0 and f"{want} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+    pytest_in_process(__file__, "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31",
+                      env, want)
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])

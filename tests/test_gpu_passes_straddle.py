@@ -23,14 +23,12 @@ packs whose arrays all start off a pack boundary.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy
 import pytest
 
-from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, pack, ref_softmax, rng, rounded,
-                   to_host64, written_outside)
+from _util import (assert_close, assert_grad_close, at_every_offset, dense_at, pack, pytest_in_process, ref_softmax,
+                   rng, rounded, to_host64, written_outside)
 
 pytestmark = pytest.mark.gpu
 
@@ -145,7 +143,4 @@ def test_passes_straddling_off():
     if not ON:
         pytest.skip("this process is the one with the rule off")
     env = dict(os.environ, PYSOFTMAX_STRADDLE_PASSES="0")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "test_passes_straddling and not straddling_off"], env=env, capture_output=True, text=True, timeout=600)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
-    assert done.returncode == 0 and f"{len(CASES) + 3} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+    pytest_in_process(__file__, "test_passes_straddling and not straddling_off", env, len(CASES) + 3, timeout=600)

@@ -26,13 +26,12 @@ offset.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy
 import pytest
 
-from _util import assert_close, assert_grad_close, at_every_offset, pack, ref_softmax, rng, rounded, to_device, to_host64
+from _util import (assert_close, assert_grad_close, at_every_offset, pack, pytest_in_process, ref_softmax, rng, rounded,
+                   to_device, to_host64)
 
 pytestmark = pytest.mark.gpu
 
@@ -207,7 +206,4 @@ def test_straddling_under_other_rules(setting):
         pytest.skip("this process runs under another rule")
     name, value = setting.split("=")
     env = dict(os.environ, **{name: value})
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "test_straddling_rows or views"], env=env, capture_output=True, text=True, timeout=600)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
-    assert done.returncode == 0 and f"{len(CASES) + 1} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+    pytest_in_process(__file__, "test_straddling_rows or views", env, len(CASES) + 1, timeout=600)

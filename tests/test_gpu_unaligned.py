@@ -9,14 +9,12 @@ the rows cross every family's thresholds.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy
 import pytest
 
-from _util import (DTYPES, assert_close, assert_grad_close, pack, poisoned, ref_softmax, rng, rounded, to_device,
-                   to_host64)
+from _util import (DTYPES, assert_close, assert_grad_close, pack, poisoned, pytest_in_process, ref_softmax, rng,
+                   rounded, to_device, to_host64)
 
 pytestmark = pytest.mark.gpu
 
@@ -183,12 +181,8 @@ def test_masked_rows_straddle_switched_on():
     if MASKED_STRADDLE:
         pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=1")
     env = dict(os.environ, PYSOFTMAX_STRADDLE_MASKED="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "test_masked_rows_straddle or test_unaligned_masked_and_causal"],
-                          env=env, capture_output=True, text=True, timeout=900)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     want = 2 * len(MASKED_COLS) + 3 * 4  # test_unaligned_masked_and_causal: 3 dtypes, 4 widths
-    assert done.returncode == 0 and f"{want} passed" in summary, done.stdout[-4000:] + done.stderr[-2000:]
+    pytest_in_process(__file__, "test_masked_rows_straddle or test_unaligned_masked_and_causal", env, want)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
