@@ -146,11 +146,12 @@ constexpr double kGridReread = 1.0;
 constexpr double kGridLagRowCost = 0.25;
 constexpr double kGridLagRowCostAlone = 0.0;
 // The backward's lagged plans leave at most 1/kGridLagIdleShare of the SMs idle (groups of
-// one-step chunks need not divide the SMs, and idle SMs lost to the unlagged plan), and hold
-// kGridLagAloneMinSteps steps a chunk or more, as a chunk of one step of y and dy reads its
-// refill right after issuing it (docs/TUNING.md, "plan_grid: lagged rows").
+// one-step chunks need not divide the SMs, and idle SMs lost to the unlagged plan). Every lagged
+// plan holds kGridLagMinSteps steps a chunk or more: a chunk of one step reads its refill right
+// after issuing it (the backward's lost there, and the forward's 16-bit rows of 100000 columns
+// ran 1.2-1.4x slower than in longer chunks; docs/TUNING.md, "plan_grid: lagged rows").
 constexpr int kGridLagIdleShare = 16;
-constexpr int64_t kGridLagAloneMinSteps = 2;
+constexpr int64_t kGridLagMinSteps = 2;
 // Which rows of the fused algorithm rows_block straddles (plan_straddling): 1, 16-bit rows;
 // 2, every dtype's (docs/TUNING.md, "plan_straddling").
 constexpr int kStraddleBlock = 1;
@@ -171,7 +172,7 @@ struct DeviceInfo {
                                          // (PYSOFTMAX_STRADDLE_BLOCK)
   bool straddle_warp = true;             // rows_warp straddles 16-bit rows (PYSOFTMAX_STRADDLE_WARP)
   bool straddle_passes = true;           // rows_passes straddles 16-bit rows (PYSOFTMAX_STRADDLE_PASSES)
-  bool straddle_masked = false;          // plan_straddling takes masked rows (PYSOFTMAX_STRADDLE_MASKED=1)
+  bool straddle_masked = true;           // plan_straddling takes masked rows (PYSOFTMAX_STRADDLE_MASKED)
   int64_t passes_cols = 0;               // rows_passes groups take rows up to this many columns (PYSOFTMAX_PASSES_COLS)
   int64_t tile_bytes = kTileBytes;       // rows_tile's stage a block, bytes; 0: never planned (PYSOFTMAX_TILE_BYTES)
   int64_t tile_cols = 0;                 // > 0: rows_tile takes rows of up to this many columns, every dtype (PYSOFTMAX_TILE_COLS)
@@ -268,10 +269,10 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_STRADDLE_WARP, read once a device: "0" rows_warp straddles no row (measurement).
   if (const char* sw = getenv("PYSOFTMAX_STRADDLE_WARP")) info.straddle_warp = !(sw[0] == '0' && !sw[1]);
   if (const char* sp = getenv("PYSOFTMAX_STRADDLE_PASSES")) info.straddle_passes = !(sp[0] == '0' && !sp[1]);
-  // PYSOFTMAX_STRADDLE_MASKED, read once a device: "1" lets the masked rows that the op straddles
-  // (ForwardOp::kStraddles) take their bodies' plans; off until measured (docs/TUNING.md,
+  // PYSOFTMAX_STRADDLE_MASKED, read once a device: "0" keeps the masked rows that the op straddles
+  // (ForwardOp::kStraddles) on their element-wise plans (measurement; docs/TUNING.md,
   // "plan_straddling").
-  if (const char* sm = getenv("PYSOFTMAX_STRADDLE_MASKED")) info.straddle_masked = sm[0] == '1' && !sm[1];
+  if (const char* sm = getenv("PYSOFTMAX_STRADDLE_MASKED")) info.straddle_masked = !(sm[0] == '0' && !sm[1]);
   // PYSOFTMAX_PASSES_COLS, PYSOFTMAX_TILE_BYTES and PYSOFTMAX_TILE_COLS, read once a device: the
   // longest rows the reference algorithms' groups take, rows_tile's stage a block ("0": never)
   // and the widest rows it takes in every dtype (tuning and measurement; docs/TUNING.md,
@@ -383,8 +384,8 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // reducing the next row, which leaves kGridLagRowCost (the forward's) or kGridLagRowCostAlone (the
 // backward's) a row, and a whole barrier for its last row. Where a group walks two rows or more, a
 // lagged plan is taken wherever one holds the row, as it measured faster than the model says; the
-// backward's only where its groups leave at most 1/kGridLagIdleShare of the SMs idle in chunks of
-// kGridLagAloneMinSteps or more, and never for straddling rows (plan_straddling), all of which lost
+// backward's only where its groups leave at most 1/kGridLagIdleShare of the SMs idle, and never for
+// straddling rows (plan_straddling), all of which lost; and every one in chunks of kGridLagMinSteps steps or more
 // (docs/TUNING.md, "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
@@ -437,10 +438,10 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
             cost = static_cast<double>(walk) * (per_sm * (n + (n - held) * dev.grid_reread) + kGridRowCost[per_sm]);
           } else {
             if (per_sm != 1 || 2 * n > fit || dev.grid_lag == 0) continue;
-            // The backward's: where a group walks two rows or more on all but a sixteenth of the
-            // SMs, in chunks of two steps or more.
+            if (dev.grid_lag != 1 && n < kGridLagMinSteps) continue;
+            // The backward's: where a group walks two rows or more on all but a sixteenth of the SMs.
             const bool fills = groups * c * kGridLagIdleShare >= grid * (kGridLagIdleShare - 1);
-            if (alone && dev.grid_lag != 1 && (walk < 2 || !fills || n < kGridLagAloneMinSteps)) continue;
+            if (alone && dev.grid_lag != 1 && (walk < 2 || !fills)) continue;
             cost = static_cast<double>(walk) * (n + lag_cost) + kGridRowCost[1];
           }
           // Lagged plans first: forced (PYSOFTMAX_GRID_LAG=1), or where a group walks two rows or
@@ -716,6 +717,16 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
   return pack > 1 && sizeof(T) <= 4 && lanes % warp != 0;
 }
 
+// Element-wise float32 rows (rows of an odd width) of up to kPassesElementCols columns take
+// rows_passes' groups whatever their lanes, where online streamed them and naive took a block a
+// row, 1.1-1.7x slower at 257-1001 columns (docs/TUNING.md, "rows_passes"); and every row of
+// up to dev.passes_cols columns (PYSOFTMAX_PASSES_COLS, measurement). 16-bit and float64
+// element-wise rows were not measured.
+constexpr int64_t kPassesElementCols = 1024;
+template <typename T> inline bool passes_take_cols(int64_t cols, int pack, const DeviceInfo& dev) {
+  return cols <= dev.passes_cols || (pack == 1 && sizeof(T) == 4 && cols <= kPassesElementCols);
+}
+
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
 // several rows a block of kPassesGroupThreads, where the row takes at most `max_group` lanes
@@ -747,7 +758,7 @@ bool plan_passes(int64_t rows, int64_t cols, int pack, int passes, int max_group
   // has the figures).
   const bool ragged = ragged_row<T>(lanes, pack, dev.warp) && (!block || round_up(lanes, dev.warp) - lanes >= dev.warp / 8);
   const int reach = ragged ? std::max(steps, most) : steps;
-  if (lanes <= int64_t{max_group} * reach || cols <= dev.passes_cols) {
+  if (lanes <= int64_t{max_group} * reach || passes_take_cols<T>(cols, pack, dev)) {
     p.packs = pack > 1 ? passes_unroll<Op, kVec, false>() : passes_unroll<Op, 1, false>();
     p.group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(next_pow2(lanes), min_group), max_group));
     // The fill rule: a narrower group taking more steps where that leaves fewer of its lane-steps

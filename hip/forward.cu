@@ -81,6 +81,7 @@ int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec, bool
   op->mask_ndim = p.mask_ndim;
   op->mask_col_stride = p.mask_col_stride;
   op->mask_vec = mask_vec;
+  op->mask_words = p.mask_col_stride == 1 && mbytes == 1;
   const int64_t inner = p.mask_ndim == 2 ? p.mask_shape[1] : 1;
   op->walks = op->walks && p.mask_ndim <= 2 && inner < kWalkMax;
   op->walk_inner = make_divisor(inner);
@@ -119,7 +120,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
       const int64_t stream_lanes =
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
       const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged_row<T>(stream_lanes, pack, dev.warp) ||
-                          p.cols <= dev.passes_cols;
+                          passes_take_cols<T>(p.cols, pack, dev);
       // Rows that may straddle take the groups of their bodies first (plan_passes_straddling),
       // except where a body takes a whole group of kMaxGroup lanes in one step: the straddling
       // stream, a warp's block a row there, measured faster (docs/TUNING.md, "rows_passes",
@@ -152,8 +153,11 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
                       &plan, &body);
   if (body) op.outside = static_cast<int>(p.cols - body), op.cols = body;
   // A straddling row's body starts `head` columns into its mask row, an offset that differs
-  // from row to row: its mask is read byte by byte.
+  // from row to row: its mask is read from the words that hold each pack (mask_words) in
+  // rows_block and the stream, and byte by byte in rows_warp's groups, where the words measured
+  // slower (docs/TUNING.md, "plan_straddling").
   if (body) op.mask_vec = false;
+  if (plan.family == SOFTMAX_FAMILY_WARP) op.mask_words = false;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

@@ -61,6 +61,7 @@ template <typename T, int kMask> struct ForwardOp {
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
   int mask_dtype, mask_ndim;
   bool mask_vec;  // whole packs of the mask can be read with one aligned access
+  bool mask_words;  // else, its columns contiguous: a pack's bytes from the aligned 8-byte words that hold them
   Divisor mask_shape[SOFTMAX_MAX_DIMS];
   int64_t mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
   // rows_warp's walk (Walk, below): whether it may carry rows forward, the mask's inner row dim
@@ -357,13 +358,27 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   // A pack's boolean mask bytes as one word (byte i nonzero: column i kept): the pack's bytes
-  // at o from the row's mask m, read as one word where the mask is contiguous and aligned, else
-  // byte by byte; all kept where there is no mask (m null).
+  // at o from the row's mask m, read as one word where the mask is contiguous and aligned; where
+  // it is contiguous but not aligned (straddling rows, whose bodies start at a different offset
+  // into their mask rows), shifted out of the one or two aligned 8-byte words that hold them,
+  // while those words end by `end` (the row's mask end: no read past the mask's allocation);
+  // else byte by byte. All kept where there is no mask (m null).
   template <int kPack> using MaskBits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
   template <typename Bits, int kPack>
-  __device__ __forceinline__ Bits mask_word(const unsigned char* m, int o) const {
+  __device__ __forceinline__ Bits mask_word(const unsigned char* m, int o, const unsigned char* end) const {
     if (!m) return static_cast<Bits>(0x0101010101010101ull);
     if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
+    if (kPack > 1 && mask_words) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(m + o), a0 = a & ~uintptr_t{7};
+      const int shift = static_cast<int>(a - a0) * 8;
+      const bool two = shift + 8 * kPack > 64;  // the pack's bytes run into the next word
+      if (a0 + (two ? 16 : 8) <= reinterpret_cast<uintptr_t>(end)) {
+        const uint64_t* q = reinterpret_cast<const uint64_t*>(a0);
+        uint64_t b = q[0] >> shift;
+        if (two) b |= q[1] << (64 - shift);  // two: 0 < shift
+        return static_cast<Bits>(b);
+      }
+    }
     Bits b = 0;
 #pragma unroll
     for (int i = 0; i < kPack; ++i) b |= static_cast<Bits>(m[(o + i) * mask_col_stride] != 0) << (8 * i);
@@ -387,9 +402,10 @@ template <typename T, int kMask> struct ForwardOp {
     using Bits = MaskBits<kPack>;
     const T* p = w.x + s.base;
     const unsigned char* m = w.mask ? w.mask + s.base * mask_col_stride : nullptr;
+    const unsigned char* end = w.mask ? w.mask + cols : nullptr;  // read where mask_words holds: contiguous
     with_reach<kCausal, kPack, kPacks, kSplitCut, kWholeSplit>(s, bound, live, [&](const auto& reach) {
       const bool words_first = sizeof(T) == 2 || !st;
-      auto read_word = [&](int o) { return mask_word<Bits, kPack>(m, o); };
+      auto read_word = [&](int o) { return mask_word<Bits, kPack>(m, o, end); };
       T raw[kPacks][kPack];
       Bits bits[kPacks];
 #pragma unroll
@@ -449,7 +465,7 @@ template <typename T, int kMask> struct ForwardOp {
       f.bits[j] = 0;
       if (reach.template whole<kPack>(o)) {
         load_pack<uint32_t, kPackBytes / 4>(reinterpret_cast<const uint32_t*>(p + o), f.words[j]);
-        f.bits[j] = mask_word<Bits, kPack>(m, o);
+        f.bits[j] = mask_word<Bits, kPack>(m, o, w.mask + cols);
       } else if (n > 0) {  // only the n columns inside the span are read, logits and mask alike
         const uint16_t* q = reinterpret_cast<const uint16_t*>(p + o);
         Bits b = 0;

@@ -71,7 +71,9 @@ def test_reference_algorithms(algo, cols, dtype):
 # (plan_passes_straddling): the bodies take an aligned row's plan in groups of at least 8 lanes;
 # 16-bit vector rows (and bodies) that one step of a group holds with pack slots idle take half
 # the group over two steps (200, 248, 777, 1000, 1016; 256 and 1024 fill theirs); online's bodies
-# that fill one step of a whole group (1025-1031 columns) take the straddling stream.
+# that fill one step of a whole group (1025-1031 columns) take the straddling stream. Element-wise
+# float32 rows of up to 1024 columns take groups whatever their lanes (kPassesElementCols: 1023 in
+# groups, 1025 not).
 PASSES_COLS = [1, 3, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 119, 121, 160, 200, 231, 233, 248, 255, 256, 257,
                320, 384, 511, 512, 513, 640, 768, 775, 777, 960, 976, 1000, 1008, 1016, 1023, 1024, 1025, 1031, 1033,
                1040, 1280, 1472, 1488, 1520, 1536, 1552, 2049, 2944, 2976, 3040, 3072, 3104, 5000]
@@ -130,6 +132,12 @@ def straddles_passes(cols, item):
     return on and item == 2 and cols * item % 16 != 0 and cols >= 16 and lanes >= 8
 
 
+def element_rows_taken(cols, item, vec):
+    """Whether plan_passes takes a row in groups by its columns alone: element-wise float32 rows of
+    up to 1024 columns (kPassesElementCols)."""
+    return not vec and item == 4 and cols <= 1024
+
+
 def passes_plan(algo, cols, dtype):
     """(family, group, ahead) that hip/forward.cu's plan should give an unmasked row of `cols`
     (NVIDIA sm_80+). online's straddling bodies that take a whole group of 32 lanes in one step
@@ -146,14 +154,16 @@ def passes_plan(algo, cols, dtype):
     lanes = -(-packs // per_lane)
     halve = (packs, per_lane) if item == 2 and vec else None
     most = most_steps(item, vec)
+    taken = element_rows_taken(cols, item, vec)
     if algo == "naive":
         reach = group_reach(lanes, vec, item, 1, block=True, most=most)
-        group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach else 0
+        group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach or taken else 0
         return "passes", group, ahead_of(lanes, group, item, vec)
     reach = group_reach(lanes, vec, item, 1, most=most)
-    group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach else 0
+    group = filled_group(lanes, 1, floor, halve, most) if lanes <= 32 * reach or taken else 0
     stream_lanes = -(-packs // (4 if vec else 16))
-    grouped = lanes <= 32 * reach and (item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0))
+    grouped = (lanes <= 32 * reach or taken) and (
+        item == 2 or stream_lanes < 32 or (vec and item <= 4 and stream_lanes % 32 != 0) or taken)
     if straddle and group == 32 and lanes <= 32:  # a body of one whole group's step: the straddling stream
         grouped = False
     return ("passes", group, ahead_of(lanes, group, item, vec)) if grouped else ("stream", None, 0)
@@ -192,18 +202,19 @@ def naive_backward_plan(cols, dtype):
     lanes = -(-packs // per_lane)
     steps = 2 if pack > 1 else 1
     most = most_steps(item, vec, backward=True)
-    if lanes > 32 * group_reach(lanes, vec, item, steps, most=most):
+    if lanes > 32 * group_reach(lanes, vec, item, steps, most=most) and not element_rows_taken(cols, item, vec):
         return "stream", None, 0
     group = filled_group(lanes, steps, 8 if straddle else 1, (packs, per_lane) if item == 2 and vec else None, most)
     return "passes", group, ahead_of(lanes, group, item, vec)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 119, 121, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1024, 1025,
+@pytest.mark.parametrize("cols", [1, 7, 16, 17, 100, 119, 121, 160, 255, 256, 257, 320, 384, 512, 513, 768, 1023, 1024, 1025,
                                   1280, 1520, 1536, 1552, 2048, 3000, 3040, 3072, 3104])
 def test_naive_backward_in_groups(cols, dtype):
     """naive_backward on short rows in groups of lanes, up to two steps of a full group, or three
-    of a narrower one by the fill rule or for ragged rows (longer rows: the stream)."""
+    of a narrower one by the fill rule or for ragged rows, and element-wise float32 rows of up to
+    1024 columns (longer rows: the stream)."""
     g = rng()
     rows = 777
     y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)

@@ -322,6 +322,23 @@ def test_grid_lagged_rows(rows, cols, dtype, direction):
     assert bool(cupy.array_equal(outs[0].view(cupy.uint8), outs[1].view(cupy.uint8))), "repeated calls differ"
 
 
+@pytest.mark.parametrize("rows,cols", [(336, 100000), (200, 200003)])
+def test_grid_lagged_chunks_of_two_steps(rows, cols):
+    """bfloat16 forward rows whose lagged plan the model took in chunks of one step before
+    kGridLagMinSteps (an H100 or H200: 7 and 13 chunks a row): lagged in chunks of two steps or
+    more (or not lagged), and right."""
+    if "PYSOFTMAX_GRID_LAG" in os.environ:
+        pytest.skip("this process runs under a set lag rule")
+    plan = _ops.plan((rows, cols), "bfloat16")
+    if grid_capable() and cupy.cuda.Device().attributes["MultiProcessorCount"] == 132:
+        assert plan["lag"] == 0 or plan["held"] >= 2, plan
+    g = rng()
+    host = long_inputs(g, rows, cols, "bfloat16", "forward")
+    dev_in = tuple(to_device(a, "bfloat16") for a in host)
+    check_long("forward", "fused", host, dev_in, poisoned((rows, cols), "bfloat16"), "bfloat16",
+               f"{rows}x{cols} {plan} seed={g.seed}")
+
+
 def test_grid_lagged_every_path():
     """The grid's tests, the straddling rows' and LAGGED in a process with PYSOFTMAX_GRID_LAG=1
     (read once a device), where every grid row that two chunks a block hold whole takes a lagged

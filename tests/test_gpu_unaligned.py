@@ -159,46 +159,47 @@ def test_unaligned_masked_and_causal(dtype, s):
             assert_close(to_host64(y), ref, dtype, f"{name} S={s} blocks={blocks} seed={g.seed}")
 
 
-# PYSOFTMAX_STRADDLE_MASKED=1 (read once a device) lets masked 16-bit rows straddle; it is off
-# until measured, and test_masked_rows_straddle_switched_on runs the tests below with it on.
-MASKED_STRADDLE = os.environ.get("PYSOFTMAX_STRADDLE_MASKED") == "1"
+# PYSOFTMAX_STRADDLE_MASKED=0 (read once a device) keeps masked 16-bit rows on their element-wise
+# plans; test_masked_rows_switched_off runs the masked tests in a process with it.
+MASKED_STRADDLE = os.environ.get("PYSOFTMAX_STRADDLE_MASKED") != "0"
 MASKED_COLS = [129, 257, 1001, 1031, 2049, 4097, 10001, 32001]
 
 
-def test_masked_rows_keep_their_plans_by_default():
-    """Without the switch, masked rows of an odd width keep their element-wise plans."""
+def test_masked_rows_keep_their_plans_switched_off():
+    """With PYSOFTMAX_STRADDLE_MASKED=0, masked rows of an odd width keep their element-wise plans."""
     if MASKED_STRADDLE:
-        pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=1")
+        pytest.skip("run by test_masked_rows_switched_off (PYSOFTMAX_STRADDLE_MASKED=0)")
     for dtype in ("float16", "bfloat16"):
         for queries, mask in ((1006, True), (1006, False), (0, True)):
             plan = _ops.plan((2012, 1001), dtype, causal_queries=queries, mask=mask)
             assert plan["straddle"] == 0 and plan["pack"] == 1, (queries, mask, plan)
 
 
-def test_masked_rows_straddle_switched_on():
-    """test_masked_rows_straddle and test_unaligned_masked_and_causal in a process with
-    PYSOFTMAX_STRADDLE_MASKED=1."""
-    if MASKED_STRADDLE:
-        pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=1")
-    env = dict(os.environ, PYSOFTMAX_STRADDLE_MASKED="1")
-    want = 2 * len(MASKED_COLS) + 3 * 4  # test_unaligned_masked_and_causal: 3 dtypes, 4 widths
-    pytest_in_process(__file__, "test_masked_rows_straddle or test_unaligned_masked_and_causal", env, want)
+def test_masked_rows_switched_off():
+    """test_masked_rows_keep_their_plans_switched_off and test_unaligned_masked_and_causal in a
+    process with PYSOFTMAX_STRADDLE_MASKED=0."""
+    if not MASKED_STRADDLE:
+        pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=0")
+    env = dict(os.environ, PYSOFTMAX_STRADDLE_MASKED="0")
+    want = 1 + 3 * 4  # test_unaligned_masked_and_causal: 3 dtypes, 4 widths
+    pytest_in_process(__file__, "test_masked_rows_keep_their_plans_switched_off or test_unaligned_masked_and_causal",
+                      env, want)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cols", MASKED_COLS)
 def test_masked_rows_straddle(dtype, cols):
-    """With PYSOFTMAX_STRADDLE_MASKED=1: 16-bit rows of an odd width with a boolean mask, a causal
-    limit or both, where their element-wise plan is rows_block or the stream (and, without a
-    causal limit, rows_warp's groups), take their bodies' vector plan (ForwardOp::kStraddles),
-    the mask and the limit shifted with each row's body. Queries run past the row's end where the
+    """16-bit rows of an odd width with a boolean mask, a causal limit or both, where their
+    element-wise plan is rows_block or the stream (and, without a causal limit, rows_warp's
+    groups), take their bodies' vector plan (ForwardOp::kStraddles), the mask and the limit
+    shifted with each row's body. Queries run past the row's end where the
     row is short enough (limits inside the columns after the body, in rows_block and in the
     stream forced, whole and split in two), and the masks are a padding row broadcast over the
     queries, a whole mask of their own and a mask broadcast along the columns (column stride 0);
     `online` under the same masks streams. The output is a fresh poisoned array of the same
     layout, so that its rows straddle with the input's."""
     if not MASKED_STRADDLE:
-        pytest.skip("run by test_masked_rows_straddle_switched_on (PYSOFTMAX_STRADDLE_MASKED=1)")
+        pytest.skip("this process runs with PYSOFTMAX_STRADDLE_MASKED=0")
     g = rng()
     queries = cols + 5 if cols <= 4097 else 40
     batch = 2 if cols <= 1031 else 1

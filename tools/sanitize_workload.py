@@ -44,11 +44,11 @@ def grid_steps(dtype):
     del x
 
 
-# Masked straddling rows (16-bit rows with a boolean mask, a causal limit or both, with
-# PYSOFTMAX_STRADDLE_MASKED=1: tools/sanitize.py runs these alone once more, in processes with it
-# and SANITIZE_ONLY=masked): bodies in rows_warp's groups (the padding mask alone), rows_block and
-# the stream (queries fewer than the keys), each row's mask and limit shifted with its body; three
-# blocks walking the rows. Without the switch, their element-wise plans.
+# Masked straddling rows (16-bit rows with a boolean mask, a causal limit or both): bodies in
+# rows_warp's groups (the padding mask alone), rows_block and the stream (queries fewer than the
+# keys), each row's mask and limit shifted with its body; three blocks walking the rows.
+# tools/sanitize.py runs these alone once more with PYSOFTMAX_STRADDLE_MASKED=0 and
+# SANITIZE_ONLY=masked, on their element-wise plans.
 def masked_straddle_steps(dtype):
     for shape in ((2, 67, 257), (2, 40, 1033), (1, 9, 20001)):
         x = arr(shape, dtype)

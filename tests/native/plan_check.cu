@@ -129,11 +129,12 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
               // Lagged (grid): two rows' chunks, held whole, one block an SM.
               if (p.lag && (!p.grid || p.held != chunk_steps || p.blocks > dev.sms))
                 report(op, "rows_stream lagged grid malformed", family, pack, threads, cols, p);
-              // The backward's lagged groups leave at most 1/kGridLagIdleShare of the SMs idle, in
-              // chunks of kGridLagAloneMinSteps steps or more.
-              if (p.lag && Op::kStreamMinBlocks == 1 &&
-                  (p.blocks * kGridLagIdleShare < int64_t{dev.sms} * (kGridLagIdleShare - 1) || p.held < kGridLagAloneMinSteps))
-                report(op, "rows_stream lagged backward grid leaves SMs idle or takes one-step chunks", family, pack, threads, cols, p);
+              // The backward's lagged groups leave at most 1/kGridLagIdleShare of the SMs idle; every
+              // lagged chunk holds kGridLagMinSteps steps or more.
+              if (p.lag && Op::kStreamMinBlocks == 1 && p.blocks * kGridLagIdleShare < int64_t{dev.sms} * (kGridLagIdleShare - 1))
+                report(op, "rows_stream lagged backward grid leaves SMs idle", family, pack, threads, cols, p);
+              if (p.lag && p.held < kGridLagMinSteps)
+                report(op, "rows_stream lagged grid in one-step chunks", family, pack, threads, cols, p);
               const int64_t slots = p.lag    ? 2 * p.held
                                     : p.grid ? p.held + (p.held < chunk_steps ? 1 : 0)
                                     : p.resident ? chunk_steps : p.held;
