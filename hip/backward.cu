@@ -41,7 +41,8 @@ template <typename T> int backward_typed(const softmax_problem_t& p, hipStream_t
   } else if (p.algo == SOFTMAX_ALGO_NAIVE) {
     // The reference reads global memory twice: never resident.
     // Short rows in groups of lanes (vector rows up to kNaiveBackwardGroupSteps steps of a full
-    // group, element-wise ones one), unless a chunk count or block size asks for the stream.
+    // group, element-wise ones one, or more as passes_take_cols says), unless a chunk count or
+    // block size asks for the stream.
     // Rows that may straddle take the groups of their bodies first (plan_passes_straddling).
     on_chip = kOffChip;
     const bool in_groups = !p.chunks && !p.threads;

@@ -707,7 +707,8 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
 // naive_backward's groups take vector rows of up to two steps of a full group (rows of 1024
 // columns in float32 and 16-bit), where they beat the stream's narrow blocks; past that, and for
 // online and naive, more steps of whole warps were slower (docs/TUNING.md, "rows_passes"; ragged
-// rows: plan_passes). Element-wise rows keep one step (not measured).
+// rows: plan_passes). Other element-wise rows keep one step (float32 rows of up to
+// kPassesElementCols: as many as they need).
 constexpr int kNaiveBackwardGroupSteps = 2;
 
 // Whether a row of `lanes` lanes of vector packs (16-bit or float32) is ragged: not a whole
@@ -719,7 +720,7 @@ template <typename T> inline bool ragged_row(int64_t lanes, int pack, int warp) 
 
 // Element-wise float32 rows (rows of an odd width) of up to kPassesElementCols columns take
 // rows_passes' groups whatever their lanes, where online streamed them and naive took a block a
-// row, 1.1-1.7x slower at 257-1001 columns (docs/TUNING.md, "rows_passes"); and every row of
+// row, up to 1.7x slower at 257-1001 columns (docs/TUNING.md, "rows_passes"); and every row of
 // up to dev.passes_cols columns (PYSOFTMAX_PASSES_COLS, measurement). 16-bit and float64
 // element-wise rows were not measured.
 constexpr int64_t kPassesElementCols = 1024;
@@ -730,7 +731,8 @@ template <typename T> inline bool passes_take_cols(int64_t cols, int pack, const
 // rows_passes for `passes` reads of rows of `cols` elements: a group of lanes a row (a power of
 // two up to kMaxGroup, as few as hold the row in one step, or fewer by the fill rule below),
 // several rows a block of kPassesGroupThreads, where the row takes at most `max_group` lanes
-// `steps` times, or `most` times for a ragged vector row (below); else one block a row,
+// `steps` times, or `most` times for a ragged vector row (below), or as many as it needs where
+// passes_take_cols says so; else one block a row,
 // as wide as the row needs up to kStreamThreads (group 0). False where the row is longer and
 // `block` is false: the caller streams it instead.
 template <typename Op>

@@ -81,7 +81,7 @@ int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec, bool
   op->mask_ndim = p.mask_ndim;
   op->mask_col_stride = p.mask_col_stride;
   op->mask_vec = mask_vec;
-  op->mask_words = p.mask_col_stride == 1 && mbytes == 1;
+  op->mask_words = p.mask_col_stride == 1 && mbytes == 1;  // where the plan straddles (below)
   const int64_t inner = p.mask_ndim == 2 ? p.mask_shape[1] : 1;
   op->walks = op->walks && p.mask_ndim <= 2 && inner < kWalkMax;
   op->walk_inner = make_divisor(inner);
@@ -114,9 +114,9 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
     case SOFTMAX_ALGO_ONLINE: {  // two reads of the row: in groups of lanes, or a block's or cluster's
       // Groups for unmasked short rows: where the stream's block would leave lanes idle (a row
       // shorter than a warp's step, or a vector row of a ragged number of warps' steps), and
-      // 16-bit rows up to a group's step, where groups measured faster (docs/TUNING.md,
-      // "rows_passes"); plan_passes says how long a row they take. Masked kinds, and a requested
-      // chunk count or block size, take the stream.
+      // 16-bit rows up to a group's step, and element-wise float32 rows up to kPassesElementCols,
+      // where groups measured faster (docs/TUNING.md, "rows_passes"); plan_passes says how long
+      // a row they take. Masked kinds, and a requested chunk count or block size, take the stream.
       const int64_t stream_lanes =
           ceil_div(ceil_div(p.cols, pack), pack > 1 ? stream_unroll<Op, vec_pack<T>()>() : stream_unroll<Op, 1>());
       const bool groups = sizeof(T) == 2 || stream_lanes < dev.warp || ragged_row<T>(stream_lanes, pack, dev.warp) ||
@@ -155,9 +155,10 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   // A straddling row's body starts `head` columns into its mask row, an offset that differs
   // from row to row: its mask is read from the words that hold each pack (mask_words) in
   // rows_block and the stream, and byte by byte in rows_warp's groups, where the words measured
-  // slower (docs/TUNING.md, "plan_straddling").
+  // slower (docs/TUNING.md, "plan_straddling"). Rows that do not straddle keep the aligned read
+  // or bytes: the words were measured and tested on straddling bodies only.
   if (body) op.mask_vec = false;
-  if (plan.family == SOFTMAX_FAMILY_WARP) op.mask_words = false;
+  op.mask_words = op.mask_words && body && plan.family != SOFTMAX_FAMILY_WARP;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

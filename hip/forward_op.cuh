@@ -61,7 +61,7 @@ template <typename T, int kMask> struct ForwardOp {
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
   int mask_dtype, mask_ndim;
   bool mask_vec;  // whole packs of the mask can be read with one aligned access
-  bool mask_words;  // else, its columns contiguous: a pack's bytes from the aligned 8-byte words that hold them
+  bool mask_words;  // straddling bodies, their mask contiguous: a pack's bytes from the aligned 8-byte words that hold them
   Divisor mask_shape[SOFTMAX_MAX_DIMS];
   int64_t mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
   // rows_warp's walk (Walk, below): whether it may carry rows forward, the mask's inner row dim
@@ -359,10 +359,11 @@ template <typename T, int kMask> struct ForwardOp {
 
   // A pack's boolean mask bytes as one word (byte i nonzero: column i kept): the pack's bytes
   // at o from the row's mask m, read as one word where the mask is contiguous and aligned; where
-  // it is contiguous but not aligned (straddling rows, whose bodies start at a different offset
-  // into their mask rows), shifted out of the one or two aligned 8-byte words that hold them,
-  // while those words end by `end` (the row's mask end: no read past the mask's allocation);
-  // else byte by byte. All kept where there is no mask (m null).
+  // it is contiguous but not aligned (mask_words: straddling rows, whose bodies start at a
+  // different offset into their mask rows), shifted out of the one or two aligned 8-byte words
+  // that hold them, while those words end by `end` (the row's mask end: no read past the mask's
+  // allocation; the first word may start up to 7 bytes before the row, inside the allocation,
+  // which starts 8-byte aligned); else byte by byte. All kept where there is no mask (m null).
   template <int kPack> using MaskBits = typename std::conditional<kPack == 8, uint64_t, uint32_t>::type;
   template <typename Bits, int kPack>
   __device__ __forceinline__ Bits mask_word(const unsigned char* m, int o, const unsigned char* end) const {

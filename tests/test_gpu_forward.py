@@ -190,7 +190,8 @@ def test_reference_algorithms_in_groups(algo, cols, dtype):
 def naive_backward_plan(cols, dtype):
     """(family, group, ahead) that hip/backward.cu's plan should give naive_backward on rows of
     `cols`: groups of lanes up to two steps of a full group for vector rows (three for ragged
-    ones), one for element-wise ones (NVIDIA sm_80+)."""
+    ones), one for element-wise ones, and as many as element-wise float32 rows of up to 1024
+    columns need (NVIDIA sm_80+)."""
     item = numpy.dtype("float16" if dtype == "bfloat16" else dtype).itemsize
     straddle = straddles_passes(cols, item)
     if straddle:  # the body's plan, in vector packs

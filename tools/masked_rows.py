@@ -2,8 +2,8 @@
 elements a shape seen as [rows/S, S, cols] query blocks (_bench._attention_view), scale 0.125, with
 a padding mask (one row of keys broadcast over the queries), a causal limit, and both. Each setting
 runs in a process of its own (PYSOFTMAX_STRADDLE_MASKED is read once a device), ROUNDS times in
-turn; one JSON line a case: % of the copy bandwidth measured in that process, the plan's family
-and the error against float64. docs/TUNING.md, "plan_straddling".
+turn; one JSON line a case: % of the copy bandwidth measured in that process, the plan's family,
+the error against float64 and the copy's GB/s. docs/TUNING.md, "plan_straddling".
 
     ROUNDS=2 python3 tools/masked_rows.py > masked.jsonl
 """
@@ -32,7 +32,7 @@ for dt in ("bfloat16", "float16"):
             err = _bench._masked_forward_error(cp, x, y, 0.125, mask, causal)
             plan = _ops.plan(shape, dt, mask=mask is not None, causal_queries=view[1] if causal else 0)
             print(json.dumps(dict(label=os.environ["LABEL"], dtype=dt, cols=c, case=case, plan=plan["family"], err=err,
-                                  pct=round(100 * 2 * x.nbytes / ms / 1e6 / copy, 1))), flush=True)
+                                  copy=round(copy, 1), pct=round(100 * 2 * x.nbytes / ms / 1e6 / copy, 1))), flush=True)
         del x, y
         cp.get_default_memory_pool().free_all_blocks()
 """
