@@ -61,7 +61,8 @@ template <typename T, int kMask> struct ForwardOp {
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
   int mask_dtype, mask_ndim;
   bool mask_vec;  // whole packs of the mask can be read with one aligned access
-  bool mask_words;  // straddling bodies, their mask contiguous: a pack's bytes from the aligned 8-byte words that hold them
+  bool mask_words;  // straddling bodies, their mask contiguous: a pack's bytes from the aligned
+                    // 8-byte words that hold them (mask_word)
   Divisor mask_shape[SOFTMAX_MAX_DIMS];
   int64_t mask_stride[SOFTMAX_MAX_DIMS], mask_col_stride;
   // rows_warp's walk (Walk, below): whether it may carry rows forward, the mask's inner row dim
