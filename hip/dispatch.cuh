@@ -385,8 +385,8 @@ inline int fit_pow2(int64_t need, int per, int lo, int hi) {
 // backward's) a row, and a whole barrier for its last row. Where a group walks two rows or more, a
 // lagged plan is taken wherever one holds the row, as it measured faster than the model says; the
 // backward's only where its groups leave at most 1/kGridLagIdleShare of the SMs idle, and never for
-// straddling rows (plan_straddling), all of which lost; and every one in chunks of kGridLagMinSteps steps or more
-// (docs/TUNING.md, "plan_grid: lagged rows").
+// straddling rows (plan_straddling), all of which lost; every one in chunks of kGridLagMinSteps
+// steps or more (docs/TUNING.md, "plan_grid: lagged rows").
 // dev.grid_blocks (PYSOFTMAX_GRID_BLOCKS) forces 1 or 2 blocks an SM, for tuning; dev.grid_lag
 // (PYSOFTMAX_GRID_LAG) turns lagged plans off or prefers them, for measurement.
 constexpr double kGridRowCost[3] = {0, 2.0, 0.5};

@@ -81,7 +81,6 @@ int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec, bool
   op->mask_ndim = p.mask_ndim;
   op->mask_col_stride = p.mask_col_stride;
   op->mask_vec = mask_vec;
-  op->mask_words = p.mask_col_stride == 1 && mbytes == 1;  // where the plan straddles (below)
   const int64_t inner = p.mask_ndim == 2 ? p.mask_shape[1] : 1;
   op->walks = op->walks && p.mask_ndim <= 2 && inner < kWalkMax;
   op->walk_inner = make_divisor(inner);
@@ -158,7 +157,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   // slower (docs/TUNING.md, "plan_straddling"). Rows that do not straddle keep the aligned read
   // or bytes: the words were measured and tested on straddling bodies only.
   if (body) op.mask_vec = false;
-  op.mask_words = op.mask_words && body && plan.family != SOFTMAX_FAMILY_WARP;
+  op.mask_words = Op::kBool && body && op.mask && op.mask_col_stride == 1 && plan.family != SOFTMAX_FAMILY_WARP;
   cap_blocks(&plan, p.blocks);
   // rows_warp carries its rows forward (ForwardOp::Walk) where each warp takes kWalkMinSteps
   // steps or more: the walk's own set-up (two divisions a row and two for the step) is paid once.

@@ -371,10 +371,11 @@ template <typename T, int kMask> struct ForwardOp {
     if (!m) return static_cast<Bits>(0x0101010101010101ull);
     if (mask_vec) return *reinterpret_cast<const Bits*>(m + o);
     if (kPack > 1 && mask_words) {
-      const uintptr_t a = reinterpret_cast<uintptr_t>(m + o), a0 = a & ~uintptr_t{7};
-      const int shift = static_cast<int>(a - a0) * 8;
-      const bool two = shift + 8 * kPack > 64;  // the pack's bytes run into the next word
-      if (a0 + (two ? 16 : 8) <= reinterpret_cast<uintptr_t>(end)) {
+      constexpr uintptr_t kWord = sizeof(uint64_t);
+      const uintptr_t a = reinterpret_cast<uintptr_t>(m + o), a0 = a & ~(kWord - 1);
+      const int shift = static_cast<int>(a - a0) * 8;  // bits
+      const bool two = a - a0 + kPack > kWord;  // the pack's bytes run into the next word
+      if (a0 + (two ? 2 : 1) * kWord <= reinterpret_cast<uintptr_t>(end)) {
         const uint64_t* q = reinterpret_cast<const uint64_t*>(a0);
         uint64_t b = q[0] >> shift;
         if (two) b |= q[1] << (64 - shift);  // two: 0 < shift
