@@ -71,8 +71,9 @@ constexpr int kWideMinGroup = 4;
 template <typename Op> constexpr bool wide_lanes(int pack) { return Op::kWideShortRows && kAsyncCopy && pack > 1; }
 // rows_warp, medium rows: a full group of kMaxGroup lanes, one row, up to max_items per lane.
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
-// Vector rows: kStagedPacks packs (64 bytes, the fastest) per thread, in blocks of
-// kBlockMinThreads to kBlockMaxAutoThreads threads; longer rows take more packs per thread, then
+// Vector rows: kStagedPacks packs (64 bytes, the fastest; an op may name fewer, block_packs in
+// policy.cuh) per thread, in blocks of kBlockMinThreads to kBlockMaxAutoThreads threads; longer
+// rows take more packs per thread, then
 // more threads, as larger blocks only pay off once a thread holds its most (many such rows go to
 // the stream instead where it keeps them resident, as do float32 rows that would take 8 packs a
 // thread, see plan_rows; docs/TUNING.md, "kBlockMaxAutoThreads"). The smallest block is two
@@ -187,6 +188,8 @@ struct DeviceInfo {
   unsigned packed_clusters = 0;          // bit k: clusters of k blocks, one an SM, keep kClusterFill of the SMs busy
   int stream_depth = kStreamDepth;       // most steps a stream not holding its rows has in flight (PYSOFTMAX_STREAM_DEPTH)
   bool carry = true;                     // plans may carry the stream's ring across passes and rows (PYSOFTMAX_CARRY)
+  int full_grid = -1;                    // register families' grids: -1 the op's, 0 walking, 1 full (PYSOFTMAX_FULL_GRID)
+  int block_packs = 0;                   // > 0: replaces the ops' block_packs (policy.cuh; PYSOFTMAX_BLOCK_PACKS)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -315,6 +318,12 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_CARRY, read once a device: "0" no stream carries its ring across passes and rows
   // (measurement; docs/TUNING.md, "rows_stream ring").
   if (const char* ca = getenv("PYSOFTMAX_CARRY")) info.carry = !(ca[0] == '0' && !ca[1]);
+  // PYSOFTMAX_FULL_GRID, read once a device: "0" rows_warp and rows_block walk their rows, "1"
+  // they launch a block for every set of rows (blocks of at most kBlockTargetThreads), whatever
+  // the op asks (measurement; docs/TUNING.md, "full_grid_warp"). PYSOFTMAX_BLOCK_PACKS: rows_block's
+  // packs a thread for every op, 2 to kStagedPacks, as the policy's block_packs (measurement).
+  if (const char* fg = getenv("PYSOFTMAX_FULL_GRID"); fg && (fg[0] == '0' || fg[0] == '1') && !fg[1]) info.full_grid = fg[0] - '0';
+  if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS")) info.block_packs = atoi(bp) >= 2 ? std::min(kStagedPacks, atoi(bp)) : 0;
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -602,7 +611,8 @@ bool plan_stream(int64_t rows, int64_t cols, int pack, int64_t chunks, int threa
 // The grid of rows_warp or rows_block (`family`) for `sets` blocks' worth of rows (see
 // kMaxBlocksPerSm).
 template <typename Op> int64_t register_grid(int64_t sets, int family, int threads, const DeviceInfo& dev) {
-  const bool full = (family == SOFTMAX_FAMILY_WARP ? Op::kFullGridWarp : Op::kFullGridBlock) && threads <= kBlockTargetThreads;
+  const bool op_full = family == SOFTMAX_FAMILY_WARP ? Op::kFullGridWarp : Op::kFullGridBlock;
+  const bool full = (dev.full_grid < 0 ? op_full : dev.full_grid == 1) && threads <= kBlockTargetThreads;
   return full ? std::min<int64_t>(sets, kMaxGridThreads / threads) : walking_grid(sets, dev);
 }
 
@@ -620,6 +630,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   const int max_packs = (pack > 1 ? max_items<T>() : max_scalar_items<T>()) / pack;  // per thread
   const int tiny = tiny_packs(pack);
   const bool auto_family = family == SOFTMAX_FAMILY_AUTO;
+  const int block_packs = dev.block_packs ? dev.block_packs : Op::kBlockPacks;  // rows_block's; 0: by the row's length
   if ((auto_family || family == SOFTMAX_FAMILY_WARP) && packs <= static_cast<int64_t>(kMaxGroup) * max_packs) {
     p.family = SOFTMAX_FAMILY_WARP;
     p.threads = kWarpFamilyThreads;
@@ -669,7 +680,8 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       p.packs = fit_pow2(packs, threads > 0 ? std::min(threads, kBlockMax) : kBlockTargetThreads, lo, max_packs);
     } else {
       const int64_t want = ceil_div(packs, kStagedPacks);
-      p.packs = want < kBlockMinThreads   ? fit_pow2(packs, kBlockMinThreads, lo, max_packs)
+      p.packs = block_packs && ceil_div(packs, block_packs) <= kBlockMaxAutoThreads ? std::min(block_packs, max_packs)
+                : want < kBlockMinThreads   ? fit_pow2(packs, kBlockMinThreads, lo, max_packs)
                 : want > kBlockMaxAutoThreads ? fit_pow2(packs, kBlockMaxAutoThreads, lo, max_packs)
                                         : std::min(kStagedPacks, max_packs);
     }
@@ -686,10 +698,12 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
       // faster. So does a block whose threads hold more than kStagedPacks packs of float values
       // at a cap of 64 registers or fewer, where they spill. (float64 spills there too but stays:
       // its stream is bound by its exponents.) See docs/TUNING.md, "plan_rows: crowded blocks".
+      // So does a row too long for the op's packs a thread (block_packs) in kBlockMaxAutoThreads.
       // (Not where the caller asked for a block size: that is a request for this block.)
       const bool crowded = p.threads > kBlockMaxAutoThreads ||
                            (pack > 1 && p.packs > kStagedPacks && kRegistersPerSm / Op::kBlockBoundThreads <= 64 &&
-                            sizeof(typename Op::C) == 4);
+                            sizeof(typename Op::C) == 4) ||
+                           (pack > 1 && block_packs && p.packs != block_packs);
       Plan s;
       if (auto_family && threads == 0 && p.family == SOFTMAX_FAMILY_BLOCK && crowded &&
           plan_stream<Op>(rows, cols, pack, chunks, 0, dev, &s, on_chip) && s.resident && !s.grid)

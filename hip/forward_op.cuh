@@ -42,6 +42,7 @@ template <typename T, int kMask> struct ForwardOp {
   static constexpr int kStreamMinBlocks = kPolicy.stream_min_blocks;
   static constexpr int kPassesGroupBlocks = kPolicy.passes_group_blocks;
   static constexpr int kPassesSteps = kPolicy.passes_steps;
+  static constexpr int kBlockPacks = kPolicy.block_packs;
   static constexpr bool kFullGridWarp = kPolicy.full_grid_warp, kFullGridBlock = kPolicy.full_grid_block;
   static constexpr bool kOddFullGroups = kPolicy.odd_full_groups;
   static constexpr int64_t kTileMinCols = kPolicy.tile_min_cols, kTileMaxCols = kPolicy.tile_max_cols;

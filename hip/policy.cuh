@@ -71,6 +71,12 @@ struct Policy {
   // or as a ragged row: the plain float32 forward's groups of three steps ran slower than a wider
   // group of one or two steps, the stream or a block a row (docs/TUNING.md, "passes_steps").
   int passes_steps;
+  // rows_block's packs a thread of vector rows where not 0 (else kStagedPacks, see plan_rows),
+  // while the block stays within kBlockMaxAutoThreads; the op's longer rows take the stream
+  // where it holds them. The 16-bit backward's two (16 values of each array a thread, as
+  // float32's four) ran faster at every width from 1032 to 8191 columns, and its stream past
+  // those (docs/TUNING.md, "block_packs").
+  int block_packs;
 };
 
 constexpr int kNoBackwardMask = -1;
@@ -80,22 +86,22 @@ constexpr int kStageWarpMasked = kTinyPacksVec + 1;  // masked rows_warp stages 
 
 // clang-format off
 constexpr Policy kPolicies[] = {
-//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full  tile: from / to / vec from / vec regs / blocks / vec blocks / carry / narrow carry regs / passes group blocks / passes steps
-  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      16, 128, 112, kRowRegisters / 2, 1, 3, false, 0, 3, 3 },
-  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false,     16, 99, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 2 },
-  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3 },
-  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0, 0, 3 },
-  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3 },
-  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3 },
+//  kind             bytes  stage warp: min / max / group    block  stream  one row         wide   split  walk   warp blk  block thr  bound  stream blk  grid warp  grid block  odd full  tile: from / to / vec from / vec regs / blocks / vec blocks / carry / narrow carry regs / passes group blocks / passes steps / block packs
+  {kPlain,           2,     0,                kStageAny,    4,  true,  true,   kMaxGroup / 2,  false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      16, 128, 112, kRowRegisters / 2, 1, 3, false, 0, 3, 3, 0 },
+  {kPlain,           4,     0,                kStageAny,    2,  true,  true,   kMaxGroup,      false, true,  false, 6,        1024,      1024,  2,          true,      true,       false,     16, 99, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 2, 0 },
+  {kPlain,           8,     0,                kStageAny,    2,  true,  true,   0,              false, true,  false, 6,        1024,      1024,  2,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kCausalLimit,     2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  false, true,  7,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kCausalLimit,     4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kCausalLimit,     8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kAdditive,        2,     kStageWarpMasked, 0,            4,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kAdditive,        4,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kAdditive,        8,     kStageWarpMasked, 0,            2,  false, false,  0,              false, true,  false, 5,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kKeepMask,        2,     kStageWarpMasked, kStagedPacks, 4,  true,  false,  0,              true,  true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kKeepMask,        4,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 6,        512,       1024,  2,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kKeepMask,        8,     kStageWarpMasked, kStagedPacks, 2,  true,  false,  0,              false, true,  false, 5,        512,       512,   1,          false,     true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, false, 0, 0, 3, 0 },
+  {kNoBackwardMask,  2,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     true,       true,      1, 134, 112, kRowRegisters, 4, 1, true , 0, 0, 3, 2 },
+  {kNoBackwardMask,  4,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          true,      true,       true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3, 0 },
+  {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3, 0 },
 };
 // clang-format on
 

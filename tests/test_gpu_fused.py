@@ -427,6 +427,34 @@ def test_backward_stream_resident(cols, dtype):
                           f"seed={g.seed}")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rows,cols", [(300, 1024), (300, 1032), (300, 1537), (300, 2500), (300, 8192), (300, 8200),
+                                       (600, 8200), (600, 8193)])
+def test_backward_block_packs(rows, cols, dtype):
+    """The 16-bit backward's rows_block holds two packs a thread (policy.cuh, block_packs) while
+    its block stays within 512 threads: rows of 1025-8192 columns, aligned or straddling (1537,
+    2500). Rows of 1024 stay in rows_warp; longer ones (8200) take the stream where it holds them
+    without sharing a row over the grid (600 rows on a GPU of 132 SMs), else rows_block of four
+    packs a thread (300 rows there); odd rows of 8193 straddle in the stream."""
+    g = rng()
+    plan = _ops.plan((rows, cols), dtype, direction="backward")
+    if cols <= 1024:
+        assert plan["family"] == "warp", plan
+    elif cols <= 8192:
+        assert (plan["family"], plan["packs"], plan["straddle"]) == ("block", 2, cols % 8 != 0), plan
+        warp = cupy.cuda.Device().attributes["WarpSize"]
+        lanes = -(-((cols - (7 if cols % 8 else 0)) // 8) // 2)  # the held body's packs, two a thread
+        assert plan["threads"] == -(-lanes // warp) * warp, plan
+    elif plan["family"] == "block":
+        assert plan["packs"] == 4 and cols % 8 == 0, plan
+    else:
+        assert plan["family"] == "stream" and plan["straddle"] == (cols % 8 != 0), plan
+    y64 = rounded(ref_softmax(g.standard_normal((rows, cols)) * 3), dtype)
+    dy64 = rounded(g.standard_normal((rows, cols)), dtype)
+    dx = pysoftmax.backward(to_device(y64, dtype), to_device(dy64, dtype), scale=0.6, out=poisoned((rows, cols), dtype))
+    assert_grad_close(to_host64(dx), y64, dy64, 0.6, dtype, f"{plan} seed={g.seed}")
+
+
 @pytest.mark.parametrize("cols", [106496, 122880])
 def test_backward_cluster_sizes_that_pack(cols):
     """float32 backward rows of 13 and 15 steps (8192 columns, 64 KiB of y and dy; 3 steps a block
