@@ -92,7 +92,8 @@ constexpr int kRegistersPerSm = 64 << 10;
 // Grids that walk their rows (grid-stride loops) launch at most this many blocks an SM: the
 // stream, the reference, and the register families where more blocks are slower. rows_warp
 // and rows_block launch a block for every set of rows where the op asks for it
-// (Op::kFullGridWarp, Op::kFullGridBlock), in blocks of at most kBlockTargetThreads threads, up
+// (Op::kFullGridWarp, Op::kFullGridBlock; PYSOFTMAX_FULL_GRID overrides it, for measurement), in
+// blocks of at most kBlockTargetThreads threads, up
 // to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension); larger blocks are
 // slower with the full grid (docs/TUNING.md, "kMaxBlocksPerSm").
 constexpr int kMaxBlocksPerSm = 32;
@@ -321,9 +322,13 @@ inline int device_info(DeviceInfo* out) {
   // PYSOFTMAX_FULL_GRID, read once a device: "0" rows_warp and rows_block walk their rows, "1"
   // they launch a block for every set of rows (blocks of at most kBlockTargetThreads), whatever
   // the op asks (measurement; docs/TUNING.md, "full_grid_warp"). PYSOFTMAX_BLOCK_PACKS: rows_block's
-  // packs a thread for every op, 2 to kStagedPacks, as the policy's block_packs (measurement).
+  // packs a thread for every op, 2 or kStagedPacks, as the policy's block_packs (measurement;
+  // docs/TUNING.md, "block_packs"; other values leave the ops' own).
   if (const char* fg = getenv("PYSOFTMAX_FULL_GRID"); fg && (fg[0] == '0' || fg[0] == '1') && !fg[1]) info.full_grid = fg[0] - '0';
-  if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS")) info.block_packs = atoi(bp) >= 2 ? std::min(kStagedPacks, atoi(bp)) : 0;
+  if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS")) {
+    const int v = atoi(bp);  // rows_block is compiled for powers of two packs a thread only
+    info.block_packs = v >= 2 && v <= kStagedPacks && !(v & (v - 1)) ? v : 0;
+  }
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values

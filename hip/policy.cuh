@@ -71,11 +71,11 @@ struct Policy {
   // or as a ragged row: the plain float32 forward's groups of three steps ran slower than a wider
   // group of one or two steps, the stream or a block a row (docs/TUNING.md, "passes_steps").
   int passes_steps;
-  // rows_block's packs a thread of vector rows where not 0 (else kStagedPacks, see plan_rows),
+  // rows_block's packs a thread of vector rows where not 0 (0: by the row's length, plan_rows),
   // while the block stays within kBlockMaxAutoThreads; the op's longer rows take the stream
   // where it holds them. The 16-bit backward's two (16 values of each array a thread, as
-  // float32's four) ran faster at every width from 1032 to 8191 columns, and its stream past
-  // those (docs/TUNING.md, "block_packs").
+  // float32's four) ran faster from 1032 to 8191 columns, and its stream past those
+  // (docs/TUNING.md, "block_packs").
   int block_packs;
 };
 
@@ -104,6 +104,15 @@ constexpr Policy kPolicies[] = {
   {kNoBackwardMask,  8,     0,                kStageAny,    4,  true,  true,   0,              false, true,  false, 1,        512,       512,   1,          false,     false,      true,      0, 0, kTileNever, kRowRegisters, 1, 1, true , 96, 0, 3, 0 },
 };
 // clang-format on
+
+// rows_block is compiled for powers of two packs a thread (dispatch.cuh, by_packs).
+constexpr bool block_packs_compiled() {
+  for (const Policy& p : kPolicies)
+    if (p.block_packs && (p.block_packs < 2 || p.block_packs > kStagedPacks || (p.block_packs & (p.block_packs - 1))))
+      return false;
+  return true;
+}
+static_assert(block_packs_compiled(), "block_packs: 0, or a power of two from 2 to kStagedPacks");
 
 // The row of (kind, bytes); a missing row is a compile error where the op takes it.
 constexpr Policy policy_row(int kind, int bytes) {
