@@ -73,12 +73,12 @@ template <typename Op> constexpr bool wide_lanes(int pack) { return Op::kWideSho
 // rows_block above that: one row per block, up to Op::kBlockMaxThreads x max_items values.
 // Vector rows: kStagedPacks packs (64 bytes, the fastest; an op may name fewer, block_packs in
 // policy.cuh) per thread, in blocks of kBlockMinThreads to kBlockMaxAutoThreads threads; longer
-// rows take more packs per thread, then
-// more threads, as larger blocks only pay off once a thread holds its most (many such rows go to
-// the stream instead where it keeps them resident, as do float32 rows that would take 8 packs a
-// thread, see plan_rows; docs/TUNING.md, "kBlockMaxAutoThreads"). The smallest block is two
-// warps, so that a short row pays its set-up and two block reductions for more values a thread
-// (docs/TUNING.md, "kBlockMinThreads"). Element-wise rows aim at kBlockTargetThreads threads.
+// rows take more packs per thread, then more threads, as larger blocks only pay off once a
+// thread holds its most (many such rows go to the stream instead where it keeps them resident,
+// as do float32 rows that would take 8 packs a thread, see plan_rows; docs/TUNING.md,
+// "kBlockMaxAutoThreads"). The smallest block is two warps, so that a short row pays its set-up
+// and two block reductions for more values a thread (docs/TUNING.md, "kBlockMinThreads").
+// Element-wise rows aim at kBlockTargetThreads threads.
 constexpr int kBlockMinThreads = 64;
 constexpr int kBlockMaxAutoThreads = 512;
 constexpr int kBlockTargetThreads = 256;
@@ -93,9 +93,9 @@ constexpr int kRegistersPerSm = 64 << 10;
 // stream, the reference, and the register families where more blocks are slower. rows_warp
 // and rows_block launch a block for every set of rows where the op asks for it
 // (Op::kFullGridWarp, Op::kFullGridBlock; PYSOFTMAX_FULL_GRID overrides it, for measurement), in
-// blocks of at most kBlockTargetThreads threads, up
-// to kMaxGridThreads threads (HIP on AMD takes fewer than 2^32 a dimension); larger blocks are
-// slower with the full grid (docs/TUNING.md, "kMaxBlocksPerSm").
+// blocks of at most kBlockTargetThreads threads, up to kMaxGridThreads threads (HIP on AMD takes
+// fewer than 2^32 a dimension); larger blocks are slower with the full grid (docs/TUNING.md,
+// "kMaxBlocksPerSm").
 constexpr int kMaxBlocksPerSm = 32;
 constexpr int64_t kMaxGridThreads = INT32_MAX;
 // Every block size, chosen or requested, is a multiple of the widest warp (wave64), so that it is
