@@ -468,6 +468,37 @@ template <typename Op> void check_passes_split(const char* op, int64_t stage_byt
 
 // PYSOFTMAX_CARRY=0 (dev.carry false): no plan carries its ring, each ring within its chunk; the
 // carried plans differ from those only in the ring (carry, held, stage), not in their grid.
+// rows_block's packs a thread (policy.cuh, block_packs): the automatic plans of vector rows with
+// the op's own value and with PYSOFTMAX_BLOCK_PACKS's two and four stay within rows_block's
+// compiled instantiations and cover the row; an op that names its packs takes them wherever its
+// block holds them in kBlockMaxAutoThreads.
+template <typename Op> void check_block_packs(const char* op, int64_t stage_bytes, int max_cluster) {
+  using T = typename Op::Storage;
+  constexpr int kVec = vec_pack<T>();
+  for (int knob : {0, 2, 4}) {
+    DeviceInfo dev = described(stage_bytes, max_cluster);
+    dev.block_packs = knob;
+    const int named = knob ? knob : Op::kBlockPacks;
+    for (int64_t cols = 1; cols <= 40000; cols += cols < 9000 ? 1 : 7)
+      for (int64_t rows : {int64_t{64}, int64_t{8192}}) {
+        Plan p;
+        ++plans;
+        if (!plan_rows<Op>(rows, cols, kVec, SOFTMAX_FAMILY_AUTO, 0, 0, dev, &p)) {
+          report(op, "block_packs: automatic dispatch found no family", knob, kVec, 0, cols, p);
+          continue;
+        }
+        if (p.family != SOFTMAX_FAMILY_BLOCK) continue;
+        const int max_packs = max_items<T>() / kVec;
+        if (int64_t{p.threads} * p.packs * kVec < cols || p.threads > Op::kBlockMaxThreads || p.packs > max_packs ||
+            (p.packs & (p.packs - 1)) || p.threads % dev.warp)
+          report(op, "block_packs: rows_block outside its compiled instantiations", knob, kVec, 0, cols, p);
+        const int64_t lanes = (cols + kVec - 1) / kVec;
+        if (named && (lanes + named - 1) / named <= kBlockMaxAutoThreads && p.packs != named)
+          report(op, "block_packs: rows_block not at the packs a thread named", knob, kVec, 0, cols, p);
+      }
+  }
+}
+
 template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
   DeviceInfo on = described(stage_bytes, max_cluster), off = on;
@@ -506,6 +537,9 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check<ForwardOp<T, kAdditive>>(named("forward+float mask"), stage_bytes, max_cluster);
   check<BackwardOp<T>>(named("backward"), stage_bytes, max_cluster);
   check_carry_off<BackwardOp<T>>(op, stage_bytes, max_cluster);
+  check_block_packs<ForwardOp<T, kPlain>>(named("block packs forward"), stage_bytes, max_cluster);
+  check_block_packs<ForwardOp<T, kKeepMask>>(named("block packs forward+bool mask, no causal"), stage_bytes, max_cluster);
+  check_block_packs<BackwardOp<T>>(named("block packs backward"), stage_bytes, max_cluster);
   check_straddling<ForwardOp<T, kPlain>>(named("straddling forward"), stage_bytes, max_cluster);
   check_straddling<ForwardOp<T, kCausalLimit>>(named("straddling forward+bool mask"), stage_bytes, max_cluster);
   check_straddling<ForwardOp<T, kKeepMask>>(named("straddling forward+bool mask, no causal"), stage_bytes, max_cluster);
