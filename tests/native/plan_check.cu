@@ -5,7 +5,8 @@
 // Also checks the row divisor of kernels.cuh against plain division, and the grid's tags
 // (GridTag). Prints one line per violated invariant and "plans=P violations=N" last (P counts
 // the divisions and tags too); plan_straddling's choice and plans for rows of odd length
-// (rows_stream kStraddle); plan_tile's; built and run by tests/test_cpu_plan.py. No GPU is
+// (rows_stream kStraddle); plan_tile's; rows_block's packs a thread under each op's block_packs
+// and PYSOFTMAX_BLOCK_PACKS's values; built and run by tests/test_cpu_plan.py. No GPU is
 // touched: the device is described, not queried.
 #include <stdio.h>
 
