@@ -325,10 +325,7 @@ inline int device_info(DeviceInfo* out) {
   // packs a thread for every op, 2 or kStagedPacks, as the policy's block_packs (measurement;
   // docs/TUNING.md, "block_packs"; other values leave the ops' own).
   if (const char* fg = getenv("PYSOFTMAX_FULL_GRID"); fg && (fg[0] == '0' || fg[0] == '1') && !fg[1]) info.full_grid = fg[0] - '0';
-  if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS")) {
-    const int v = atoi(bp);  // rows_block is compiled for powers of two packs a thread only
-    info.block_packs = v >= 2 && v <= kStagedPacks && !(v & (v - 1)) ? v : 0;
-  }
+  if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS"); bp && block_packs_compiled(atoi(bp))) info.block_packs = atoi(bp);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values

@@ -105,14 +105,17 @@ constexpr Policy kPolicies[] = {
 };
 // clang-format on
 
-// rows_block is compiled for powers of two packs a thread (dispatch.cuh, by_packs).
-constexpr bool block_packs_compiled() {
+// Whether rows_block has kernels for `packs` a thread named by block_packs: powers of two from 2
+// to kStagedPacks (dispatch.cuh, by_packs). The policy's values and PYSOFTMAX_BLOCK_PACKS's.
+constexpr bool block_packs_compiled(int packs) {
+  return packs >= 2 && packs <= kStagedPacks && !(packs & (packs - 1));
+}
+constexpr bool policy_block_packs_compiled() {
   for (const Policy& p : kPolicies)
-    if (p.block_packs && (p.block_packs < 2 || p.block_packs > kStagedPacks || (p.block_packs & (p.block_packs - 1))))
-      return false;
+    if (p.block_packs && !block_packs_compiled(p.block_packs)) return false;
   return true;
 }
-static_assert(block_packs_compiled(), "block_packs: 0, or a power of two from 2 to kStagedPacks");
+static_assert(policy_block_packs_compiled(), "block_packs: 0, or a power of two from 2 to kStagedPacks");
 
 // The row of (kind, bytes); a missing row is a compile error where the op takes it.
 constexpr Policy policy_row(int kind, int bytes) {

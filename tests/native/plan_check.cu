@@ -467,8 +467,6 @@ template <typename Op> void check_passes_split(const char* op, int64_t stage_byt
         }
 }
 
-// PYSOFTMAX_CARRY=0 (dev.carry false): no plan carries its ring, each ring within its chunk; the
-// carried plans differ from those only in the ring (carry, held, stage), not in their grid.
 // rows_block's packs a thread (policy.cuh, block_packs): the automatic plans of vector rows with
 // the op's own value and with PYSOFTMAX_BLOCK_PACKS's two and four stay within rows_block's
 // compiled instantiations and cover the row; an op that names its packs takes them wherever its
@@ -500,6 +498,8 @@ template <typename Op> void check_block_packs(const char* op, int64_t stage_byte
   }
 }
 
+// PYSOFTMAX_CARRY=0 (dev.carry false): no plan carries its ring, each ring within its chunk; the
+// carried plans differ from those only in the ring (carry, held, stage), not in their grid.
 template <typename Op> void check_carry_off(const char* op, int64_t stage_bytes, int max_cluster) {
   using T = typename Op::Storage;
   DeviceInfo on = described(stage_bytes, max_cluster), off = on;
