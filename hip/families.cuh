@@ -302,6 +302,9 @@ void rows_block(const Op op, int64_t rows) {
 //                 them come from L2.
 //   kStreamLagged  (kShareLagged) the block's chunks of two rows held whole at once, in the
 //                 stage's halves, its barrier a row late (below).
+//   kStreamLaggedLead  kStreamLagged with a lead step: the first step of a row's chunk is read
+//                 before the next row is reduced, and its slots take the row after, so that a
+//                 step of copies is in flight through the reduction and the wait (below).
 //   Not resident (kStreamWhole, kStreamStats, kStreamApply): each pass streams the steps through
 //   a ring of `held` steps' slots, step s in slots (s % held) * kSlots, its copies a group of their
 //   own issued `held` steps ahead, so that `held` steps are in flight while one is reduced or
@@ -335,7 +338,14 @@ void rows_block(const Op op, int64_t rows) {
 // q-th step is the whole row of its set q / 2 and the position is one counter; narrower blocks
 // carry the ring this way where those registers keep their blocks an SM (policy.cuh).
 
-enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3, kStreamLagged = 4 };
+enum StreamPhase {
+  kStreamWhole = 0,
+  kStreamStats = 1,
+  kStreamApply = 2,
+  kStreamResident = 3,
+  kStreamLagged = 4,
+  kStreamLaggedLead = 5
+};
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagged = 3 };
 
 // kShareGrid's and kShareLagged's workspace (bytes, and the counters' offset, below): partials
@@ -680,8 +690,23 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         }
       }
     };
-    // Row j once its group has published: applied and written from its half, which takes row j + 2.
-    auto write_row = [&](int64_t j) {
+    // kStreamLaggedLead: row j's first step read into `lead` and its slots refilled with row j +
+    // 2's first step, a group either way (empty where there is no row j + 2), before row j + 1 is
+    // reduced. Without it, row j + 2's copies would start only once row j + 1 is reduced and row
+    // j's partials are in, leaving that stretch with no copy in flight.
+    const bool leads = phase == kStreamLaggedLead;
+    Item lead[kStep];
+    auto take_lead = [&](int64_t j) {
+      const typename Op::Row whole = op.row(row_of(j));
+      const typename Op::Row w = shifted(whole, head_of(whole));
+      const bool refills = exists(j + 2);
+      const typename Op::Row next = refills ? body(op.prefetch_row(row_of(j + 2))) : typename Op::Row{};
+      read_resident(w, span_at(begin, end), half(j), lead, refills ? &next : nullptr);
+      if (!refills) copy_async_commit();
+    };
+    // Row j once its group has published: applied and written from its half, which takes row j + 2
+    // (`led`: its first step is in `lead`, its slots refilled already).
+    auto write_row = [&](int64_t j, bool led) {
       const int64_t set = j % kGridSets;
       Stat st = Op::stat_init();
       if constexpr (Tag::kTagged) {
@@ -706,15 +731,20 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         __syncthreads();
         if (threadIdx.x < chunks) st = load_volatile(&ws[(set * groups + group) * chunks + threadIdx.x]);
       }
-      const typename Op::Final fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
+      const typename Op::Final fin = op.finalize(block_all_reduce(st, op.merge(), scratch));
       const typename Op::Row whole = op.row(row_of(j));
       const int head = head_of(whole);
       const typename Op::Row w = shifted(whole, head);
       const bool refills = exists(j + 2);
       const typename Op::Row next = refills ? body(op.prefetch_row(row_of(j + 2))) : typename Op::Row{};
       for (int s = 0; s < steps; ++s) {
-        Item v[kStep];
         const Span span = span_at(begin + s * stride, end);
+        if (led && s == 0) {
+          op.template apply<kStep>(lead, fin);
+          op.template store<kPack, kUnroll>(w, span, lead);
+          continue;
+        }
+        Item v[kStep];
         read_resident(w, span, half(j).at(s * kSlots), v, refills ? &next : nullptr);
         op.template apply<kStep>(v, fin);
         op.template store<kPack, kUnroll>(w, span, v);
@@ -728,10 +758,11 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     fill(1);
     int64_t j = 0;
     for (; exists(j); ++j) {
-      reduce_row(j, j == 0 ? steps : 0);
-      if (j > 0) write_row(j - 1);
+      if (leads && j > 0) take_lead(j - 1);
+      reduce_row(j, j == 0 ? steps : leads ? 1 : 0);
+      if (j > 0) write_row(j - 1, leads);
     }
-    if (j > 0) write_row(j - 1);
+    if (j > 0) write_row(j - 1, false);
     return;
   }
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
@@ -823,11 +854,11 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         st = block_all_reduce(st, op.merge(), scratch);
         parity ^= 1;
       }
-      fin = Op::finalize(st);
+      fin = op.finalize(st);
     } else {
       Stat st = Op::stat_init();
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = op.merge()(st, ws[r * chunks + k]);
-      fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
+      fin = op.finalize(block_all_reduce(st, op.merge(), scratch));
     }
     auto apply_store = [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
@@ -997,7 +1028,7 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks
       Stat st = Op::stat_init();
       sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, kWarm ? ahead : 0);
       if constexpr (kStraddle) op.template accumulate<1>(st, beside);
-      fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
+      fin = op.finalize(reduce(st, op.merge(), stat_scratch));
     } else {
       C m = neg_inf<C>();
       if (!kSplit || phase == 0) {
@@ -1202,7 +1233,7 @@ void rows_tile(const Op op, int64_t rows, int group, int tile_rows, int slots) {
         Stat st = Op::stat_init();
         if constexpr (kStraddle) op.template accumulate<1>(st, v + kStep);
         sweep_row<kPack, kUnroll>(op, w, live, lane, width, [&](const Span&, Item* u) { op.template accumulate<kStep>(st, u); });
-        const auto fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
+        const auto fin = op.finalize(reduce(st, op.merge(), stat_scratch));
         if constexpr (kStraddle) op.template apply<1>(v + kStep, fin);
         sweep_row<kPack, kUnroll>(op, w, live, lane, width, [&](const Span& span, Item* u) {
           op.template apply<kStep>(u, fin);
