@@ -192,7 +192,6 @@ struct DeviceInfo {
   int full_grid = -1;                    // register families' grids: -1 the op's, 0 walking, 1 full (PYSOFTMAX_FULL_GRID)
   int block_packs = 0;                   // > 0: replaces the ops' block_packs (policy.cuh; PYSOFTMAX_BLOCK_PACKS)
   bool exp_fold = true;                  // ForwardOp's folded exponent in 16-bit streams (PYSOFTMAX_EXP_FOLD=0: off)
-  bool grid_lead = true;                 // lagged grid rows read a step of the next row ahead (PYSOFTMAX_GRID_LEAD=0: off)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -328,11 +327,9 @@ inline int device_info(DeviceInfo* out) {
   // docs/TUNING.md, "block_packs"; other values leave the ops' own).
   if (const char* fg = getenv("PYSOFTMAX_FULL_GRID"); fg && (fg[0] == '0' || fg[0] == '1') && !fg[1]) info.full_grid = fg[0] - '0';
   if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS"); bp && block_packs_compiled(atoi(bp))) info.block_packs = atoi(bp);
-  // PYSOFTMAX_EXP_FOLD=0: the 16-bit streams' exponents by the subtract (docs/TUNING.md,
-  // "ForwardOp: the folded exponent"); PYSOFTMAX_GRID_LEAD=0: lagged grid rows without the lead
-  // step (docs/TUNING.md, "plan_grid: the lagged rows' lead"). Both read once a device, for measurement.
+  // PYSOFTMAX_EXP_FOLD=0, read once a device: the 16-bit streams' exponents by the subtract
+  // (measurement; docs/TUNING.md, "ForwardOp: the folded exponent").
   if (const char* ef = getenv("PYSOFTMAX_EXP_FOLD")) info.exp_fold = !(ef[0] == '0' && !ef[1]);
-  if (const char* gl = getenv("PYSOFTMAX_GRID_LEAD")) info.grid_lead = !(gl[0] == '0' && !gl[1]);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values
@@ -352,7 +349,6 @@ struct Plan {
   int cluster = 1;        // rows_stream, resident: blocks launched as one cluster (== chunks)
   bool grid = false;      // rows_stream, resident: a cooperative grid whose groups of `chunks` blocks share rows
   bool lag = false;       // grid: each block holds two rows' chunks and waits on a row's group a row late (kShareLagged)
-  bool lead = false;      // lagged: a step of the row after next in flight while a row is reduced (kStreamLaggedLead)
   int held = 0;           // rows_stream: steps of a chunk held in the stage (grid: the rest stream), or in flight (not resident)
   bool carry = false;     // rows_stream, not resident: the ring runs on across the block's passes and rows (kCarry)
   int passes = 0;         // rows_passes: reads of the row (2 or 3); its group is `group` lanes (0: the block)
@@ -478,7 +474,6 @@ bool plan_grid(int64_t rows, int64_t cols, const Plan& stream, int64_t step, con
           p.blocks = groups * c;
           p.resident = p.grid = true;
           p.lag = lag != 0;
-          p.lead = p.lag && dev.grid_lead;
           p.cluster = 1;
           *out = p;
         }
@@ -1029,7 +1024,7 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
       }
       if (p.lag)
         return launch(rows_stream<Op, kPack, kShareLagged, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
-                      p.chunk_cols, p.held, int{p.lead ? kStreamLaggedLead : kStreamLagged}, ws);
+                      p.chunk_cols, p.held, int{kStreamLagged}, ws);
       return launch(rows_stream<Op, kPack, kShareGrid, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
                     p.chunk_cols, p.held, int{kStreamResident}, ws);
     }

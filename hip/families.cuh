@@ -302,9 +302,6 @@ void rows_block(const Op op, int64_t rows) {
 //                 them come from L2.
 //   kStreamLagged  (kShareLagged) the block's chunks of two rows held whole at once, in the
 //                 stage's halves, its barrier a row late (below).
-//   kStreamLaggedLead  kStreamLagged with a lead step: the first step of a row's chunk is read
-//                 before the next row is reduced, and its slots take the row after, so that a
-//                 step of copies is in flight through the reduction and the wait (below).
 //   Not resident (kStreamWhole, kStreamStats, kStreamApply): each pass streams the steps through
 //   a ring of `held` steps' slots, step s in slots (s % held) * kSlots, its copies a group of their
 //   own issued `held` steps ahead, so that `held` steps are in flight while one is reduced or
@@ -338,14 +335,7 @@ void rows_block(const Op op, int64_t rows) {
 // q-th step is the whole row of its set q / 2 and the position is one counter; narrower blocks
 // carry the ring this way where those registers keep their blocks an SM (policy.cuh).
 
-enum StreamPhase {
-  kStreamWhole = 0,
-  kStreamStats = 1,
-  kStreamApply = 2,
-  kStreamResident = 3,
-  kStreamLagged = 4,
-  kStreamLaggedLead = 5
-};
+enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStreamResident = 3, kStreamLagged = 4 };
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagged = 3 };
 
 // kShareGrid's and kShareLagged's workspace (bytes, and the counters' offset, below): partials
@@ -690,23 +680,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         }
       }
     };
-    // kStreamLaggedLead: row j's first step read into `lead` and its slots refilled with row j +
-    // 2's first step, a group either way (empty where there is no row j + 2), before row j + 1 is
-    // reduced. Without it, row j + 2's copies would start only once row j + 1 is reduced and row
-    // j's partials are in, leaving that stretch with no copy in flight.
-    const bool leads = phase == kStreamLaggedLead;
-    Item lead[kStep];
-    auto take_lead = [&](int64_t j) {
-      const typename Op::Row whole = op.row(row_of(j));
-      const typename Op::Row w = shifted(whole, head_of(whole));
-      const bool refills = exists(j + 2);
-      const typename Op::Row next = refills ? body(op.prefetch_row(row_of(j + 2))) : typename Op::Row{};
-      read_resident(w, span_at(begin, end), half(j), lead, refills ? &next : nullptr);
-      if (!refills) copy_async_commit();
-    };
-    // Row j once its group has published: applied and written from its half, which takes row j + 2
-    // (`led`: its first step is in `lead`, its slots refilled already).
-    auto write_row = [&](int64_t j, bool led) {
+    // Row j once its group has published: applied and written from its half, which takes row j + 2.
+    auto write_row = [&](int64_t j) {
       const int64_t set = j % kGridSets;
       Stat st = Op::stat_init();
       if constexpr (Tag::kTagged) {
@@ -738,13 +713,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
       const bool refills = exists(j + 2);
       const typename Op::Row next = refills ? body(op.prefetch_row(row_of(j + 2))) : typename Op::Row{};
       for (int s = 0; s < steps; ++s) {
-        const Span span = span_at(begin + s * stride, end);
-        if (led && s == 0) {
-          op.template apply<kStep>(lead, fin);
-          op.template store<kPack, kUnroll>(w, span, lead);
-          continue;
-        }
         Item v[kStep];
+        const Span span = span_at(begin + s * stride, end);
         read_resident(w, span, half(j).at(s * kSlots), v, refills ? &next : nullptr);
         op.template apply<kStep>(v, fin);
         op.template store<kPack, kUnroll>(w, span, v);
@@ -758,11 +728,10 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     fill(1);
     int64_t j = 0;
     for (; exists(j); ++j) {
-      if (leads && j > 0) take_lead(j - 1);
-      reduce_row(j, j == 0 ? steps : leads ? 1 : 0);
-      if (j > 0) write_row(j - 1, leads);
+      reduce_row(j, j == 0 ? steps : 0);
+      if (j > 0) write_row(j - 1);
     }
-    if (j > 0) write_row(j - 1, false);
+    if (j > 0) write_row(j - 1);
     return;
   }
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills

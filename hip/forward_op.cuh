@@ -571,10 +571,11 @@ template <typename T, int kMask> struct ForwardOp {
   // (kFoldBound), and the output's exponent with log2(s) folded in, exp2(v * k - (ref * k +
   // log2 s)), so that the apply pass takes an FFMA and an exp an element. Unlike exp_row's, these
   // roundings are not cancelled by the normalisation: each is at most half an ulp of a number
-  // below 2^8 (2^-17), a factor within 6e-6 of 1 on a sum or an output, under a tenth of a 16-bit
-  // output's half ulp (float16: 2^-12). float32 and float64 keep the subtract, whose error that
-  // would exceed. Past the bound (logits beyond about 177 / scale), an empty row, a NaN: the
-  // subtract. What it gained: docs/TUNING.md, "ForwardOp: the folded exponent".
+  // below 2^8 (2^-17), which with log2_approx's error leaves every output within a factor 2e-5 of
+  // the subtract's, under a twentieth of a 16-bit output's half ulp (float16: 2^-11). float32 and
+  // float64 keep the subtract, whose error that would exceed. Past the bound (logits beyond about
+  // 177 / scale), an empty row, a NaN: the subtract. What it gained: docs/TUNING.md, "ForwardOp:
+  // the folded exponent".
   static constexpr bool kFoldExp = sizeof(T) == 2;
   static constexpr float kFoldBound = 256.0f;
   static __device__ __forceinline__ Stat stat_init() { return {neg_inf<C>(), C(0)}; }
@@ -602,7 +603,7 @@ template <typename T, int kMask> struct ForwardOp {
     Final f{safe_ref(st.m), safe_inverse(st.s), C(0), false};
     if constexpr (kFoldExp) {
       f.bias = f.ref * exp_k + log2_approx(st.s);
-      f.fold = st.s >= C(1) && fabsf(f.bias) < fold_bound;  // s >= 1: a finite max counts itself
+      f.fold = st.s > C(0.5) && fabsf(f.bias) < fold_bound;  // not an empty row (s = 0) or a NaN; a finite max adds about 1
     }
     return f;
   }
