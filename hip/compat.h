@@ -26,7 +26,7 @@
 //               flushed to zero: a softmax output that small becomes 0 instead of a denormal
 //               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
 //   log2_approx(v)          log2 v by the hardware's approximation (absolute error about 2^-22
-//               near 1, 2 ulp elsewhere) where log2f is a longer sequence; log2f elsewhere.
+//               for v in [0.5, 2], 2 ulp elsewhere) where log2f is a longer sequence; log2f elsewhere.
 //   rcp_approx(v)           1/v by the hardware's approximation (1 ulp) where the IEEE division
 //               is an instruction sequence with a branch (NVIDIA); the division elsewhere
 //               (docs/TUNING.md, "rcp_approx (hip/compat.h)").

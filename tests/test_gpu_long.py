@@ -414,17 +414,20 @@ def test_grid_past_2_to_the_31_elements():
 
 # The 16-bit streams' folded exponent (ForwardOp::kFoldExp): one FFMA an element where |ref * k| <
 # kFoldBound (256), the subtract past it. Logits near the bound, a row's maximum on either side of
-# it and its steps' maxima on both (a ramp along the row), under two scales, in the stream's modes
-# (one block a row, a cluster, the grid, lagged or not) and the reference algorithms'. Checked
-# element by element within one ulp of the output type, tighter than the row error: the fold's
-# rounding (a factor within 2e-5 of 1) must stay far below it.
+# it and its steps' maxima on both (a ramp along the row), in the stream's modes (one block a row,
+# a cluster, the grid, lagged or not) and online's (naive's third pass keeps the subtract; online
+# and naive take no scale, so their scaled case lies past the bound). -220: a negative maximum
+# whose steps subtract while the output's bias, ref * k + log2 s, folds. Checked element by
+# element within one ulp of the output type, tighter than the row error. This catches a wrong
+# fold (a sign, a missing log2 s), not a bound set too high: the fold's rounding near 256 (a factor
+# within 2e-5 of 1) is far below an ulp.
 FOLD = [(64, 50000, "fused"), (3, 300000, "fused"), (9, 1048576, "fused"), (2, 4194304, "fused"),
         (300, 4096, "online"), (64, 50000, "online"), (300, 4096, "naive"), (64, 50000, "naive")]
 
 
 @pytest.mark.parametrize("rows,cols,algo", FOLD)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("top,scale", [(170.0, 1.0), (185.0, 1.0), (-170.0, 1.0), (175.0, 0.25)])
+@pytest.mark.parametrize("top,scale", [(170.0, 1.0), (185.0, 1.0), (-170.0, 1.0), (-220.0, 1.0), (175.0, 0.25)])
 def test_folded_exponent_bound(rows, cols, algo, dtype, top, scale):
     g = rng()
     ramp = numpy.linspace(-40.0, 0.0, cols)[None, :] * numpy.sign(top) / scale
