@@ -130,7 +130,7 @@ template <typename T> struct BackwardOp {
     for (int i = 0; i < N; ++i) st += v[i].y * v[i].dy;
   }
   using Final = C;
-  static __device__ __forceinline__ Final finalize(Stat st) { return st; }
+  __device__ __forceinline__ Final finalize(Stat st) const { return st; }
   template <int N> __device__ __forceinline__ void apply(Item* v, Final d) const {
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i].y = scale * v[i].y * (v[i].dy - d);

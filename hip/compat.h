@@ -25,6 +25,8 @@
 //   exp2_approx(v)          2^v by the hardware's approximation (2 ulp), results below 2^-126
 //               flushed to zero: a softmax output that small becomes 0 instead of a denormal
 //               (absolute error < 1.2e-38); the row sums, >= 1, do not change.
+//   log2_approx(v)          log2 v by the hardware's approximation (absolute error about 2^-22
+//               for v in [0.5, 2], 2 ulp elsewhere) where log2f is a longer sequence; log2f elsewhere.
 //   rcp_approx(v)           1/v by the hardware's approximation (1 ulp) where the IEEE division
 //               is an instruction sequence with a branch (NVIDIA); the division elsewhere
 //               (docs/TUNING.md, "rcp_approx (hip/compat.h)").
@@ -189,8 +191,14 @@ __device__ __forceinline__ float rcp_approx(float v) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
 }
+__device__ __forceinline__ float log2_approx(float v) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
 #else
 __device__ __forceinline__ float exp2_approx(float v) { return exp2f(v); }
+__device__ __forceinline__ float log2_approx(float v) { return log2f(v); }
 __device__ __forceinline__ float rcp_approx(float v) { return 1.0f / v; }
 #endif
 

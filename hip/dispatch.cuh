@@ -191,6 +191,7 @@ struct DeviceInfo {
   bool carry = true;                     // plans may carry the stream's ring across passes and rows (PYSOFTMAX_CARRY)
   int full_grid = -1;                    // register families' grids: -1 the op's, 0 walking, 1 full (PYSOFTMAX_FULL_GRID)
   int block_packs = 0;                   // > 0: replaces the ops' block_packs (policy.cuh; PYSOFTMAX_BLOCK_PACKS)
+  bool exp_fold = true;                  // ForwardOp's folded exponent in 16-bit streams (PYSOFTMAX_EXP_FOLD=0: off)
 };
 
 // Static shared memory of the families (the reduction scratch: a warp's partial of the widest
@@ -326,6 +327,9 @@ inline int device_info(DeviceInfo* out) {
   // docs/TUNING.md, "block_packs"; other values leave the ops' own).
   if (const char* fg = getenv("PYSOFTMAX_FULL_GRID"); fg && (fg[0] == '0' || fg[0] == '1') && !fg[1]) info.full_grid = fg[0] - '0';
   if (const char* bp = getenv("PYSOFTMAX_BLOCK_PACKS"); bp && block_packs_compiled(atoi(bp))) info.block_packs = atoi(bp);
+  // PYSOFTMAX_EXP_FOLD=0, read once a device: the 16-bit streams' exponents by the subtract
+  // (measurement; docs/TUNING.md, "ForwardOp: the folded exponent").
+  if (const char* ef = getenv("PYSOFTMAX_EXP_FOLD")) info.exp_fold = !(ef[0] == '0' && !ef[1]);
   if (!kAsyncCopy) info.tile_bytes = 0;  // no stage is modelled there (stage_bytes 0)
   if (e != hipSuccess) return fail(SOFTMAX_ERROR_RUNTIME, "querying device %d: %s", dev, hipGetErrorString(e));
   if (dev < kMaxDevices) cache[dev] = info;  // benign race: every writer stores the same values

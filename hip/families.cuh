@@ -706,7 +706,7 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         __syncthreads();
         if (threadIdx.x < chunks) st = load_volatile(&ws[(set * groups + group) * chunks + threadIdx.x]);
       }
-      const typename Op::Final fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
+      const typename Op::Final fin = op.finalize(block_all_reduce(st, op.merge(), scratch));
       const typename Op::Row whole = op.row(row_of(j));
       const int head = head_of(whole);
       const typename Op::Row w = shifted(whole, head);
@@ -823,11 +823,11 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         st = block_all_reduce(st, op.merge(), scratch);
         parity ^= 1;
       }
-      fin = Op::finalize(st);
+      fin = op.finalize(st);
     } else {
       Stat st = Op::stat_init();
       for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) st = op.merge()(st, ws[r * chunks + k]);
-      fin = Op::finalize(block_all_reduce(st, op.merge(), scratch));
+      fin = op.finalize(block_all_reduce(st, op.merge(), scratch));
     }
     auto apply_store = [&](const Span& span, Item* v) {
       op.template apply<kStep>(v, fin);
@@ -997,7 +997,7 @@ void rows_passes(const Op op, int64_t rows, int group, int ahead, int64_t chunks
       Stat st = Op::stat_init();
       sweep(w, live, [&](const Span&, Item* v) { op.template accumulate<kStep>(st, v); }, kWarm ? ahead : 0);
       if constexpr (kStraddle) op.template accumulate<1>(st, beside);
-      fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
+      fin = op.finalize(reduce(st, op.merge(), stat_scratch));
     } else {
       C m = neg_inf<C>();
       if (!kSplit || phase == 0) {
@@ -1202,7 +1202,7 @@ void rows_tile(const Op op, int64_t rows, int group, int tile_rows, int slots) {
         Stat st = Op::stat_init();
         if constexpr (kStraddle) op.template accumulate<1>(st, v + kStep);
         sweep_row<kPack, kUnroll>(op, w, live, lane, width, [&](const Span&, Item* u) { op.template accumulate<kStep>(st, u); });
-        const auto fin = Op::finalize(reduce(st, op.merge(), stat_scratch));
+        const auto fin = op.finalize(reduce(st, op.merge(), stat_scratch));
         if constexpr (kStraddle) op.template apply<1>(v + kStep, fin);
         sweep_row<kPack, kUnroll>(op, w, live, lane, width, [&](const Span& span, Item* u) {
           op.template apply<kStep>(u, fin);

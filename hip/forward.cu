@@ -41,6 +41,7 @@ int make_op(const softmax_problem_t& p, ForwardOp<T, kMask>* op, bool* vec, bool
   op->cols = p.cols;
   op->scale = static_cast<C>(p.scale);
   op->exp_k = static_cast<C>(exp_factor<C>(ForwardOp<T, kMask>::kFoldsScale ? p.scale : 1.0));
+  op->fold_bound = ForwardOp<T, kMask>::kFoldBound;
   if (p.causal_queries < 0 || (p.causal_queries > 0 && p.rows % p.causal_queries != 0))
     return fail(SOFTMAX_ERROR_INVALID_ARGUMENT, "causal_queries=%lld must be 0 or divide rows=%lld",
                 static_cast<long long>(p.causal_queries), static_cast<long long>(p.rows));
@@ -99,6 +100,7 @@ int forward_typed(const softmax_problem_t& p, hipStream_t stream, EntryMode mode
   if (st != SOFTMAX_OK) return st;
   DeviceInfo dev;
   if ((st = device_info(&dev)) != SOFTMAX_OK) return st;
+  if (!dev.exp_fold) op.fold_bound = 0;
   const int pack = vec ? vec_pack<T>() : 1;
   Plan plan;
   int on_chip = kOnGrid;  // where a streamed row may be held (plan_rows)

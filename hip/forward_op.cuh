@@ -58,6 +58,7 @@ template <typename T, int kMask> struct ForwardOp {
   int outside;  // straddling rows (plan_straddling): the columns outside each row's body, which cols is
   C scale;  // applied on load (kAdditive only)
   C exp_k;  // the exponent's factor: exp_factor(scale) where folded, exp_factor(1) otherwise
+  C fold_bound;  // kFoldExp: the streamed exponents' FFMA form below |ref * exp_k| < fold_bound (0: never)
   Divisor causal_queries;
   const unsigned char* mask;  // byte pointer; the element type is mask_dtype
   int mask_dtype, mask_ndim;
@@ -566,20 +567,59 @@ template <typename T, int kMask> struct ForwardOp {
   }
 
   // Streaming: the online pair, updated once per N values (one rescale per N, not per value).
+  // kFoldExp (16-bit rows): an exponent v * k - ref * k as one FFMA where |ref * k| < fold_bound
+  // (kFoldBound), and the output's exponent with log2(s) folded in, exp2(v * k - (ref * k +
+  // log2 s)) where that bias is below the bound, so that the apply pass takes an FFMA and an exp
+  // an element. Unlike exp_row's, these roundings are not cancelled by the normalisation: each is
+  // at most half an ulp of a number below 2^8 (2^-17), which with log2_approx's error leaves every
+  // output within a factor 2e-5 of the subtract's, under a tenth of a float16 output's half ulp
+  // (at least 2^-12 of it). float32 and float64 keep the subtract: in float32 that error would use
+  // most of an output's tolerance. Logits (x * scale + mask) beyond about 177, and in apply an
+  // empty row or a NaN, take the subtract. What it gained: docs/TUNING.md, "ForwardOp: the folded
+  // exponent".
+  static constexpr bool kFoldExp = sizeof(T) == 2;
+  static constexpr float kFoldBound = 256.0f;
   static __device__ __forceinline__ Stat stat_init() { return {neg_inf<C>(), C(0)}; }
   template <int N> __device__ __forceinline__ void accumulate(Stat& st, const C* v) const {
     const C m = MaxOp()(st.m, tree_reduce<N>(v, MaxOp()));
     const C ref = safe_ref(m);
     C e[N];
+    bool fold = false;
+    if constexpr (kFoldExp) fold = fabsf(ref * exp_k) < fold_bound;
+    if (fold) {
+      const C mk = ref * exp_k;
 #pragma unroll
-    for (int i = 0; i < N; ++i) e[i] = exp_of(v[i], ref);
+      for (int i = 0; i < N; ++i) e[i] = exp2_approx(fmaf(v[i], exp_k, -mk));
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) e[i] = exp_of(v[i], ref);
+    }
     st = {m, st.s * exp_of(st.m, ref) + tree_reduce<N>(e, SumOp())};
   }
+  // fold: the folded form applies, bias = ref * k + log2 s. The threads that apply a row merged
+  // its partials in different orders, so their s may differ in the last bit and, where |bias| lies
+  // within an ulp of the bound, their fold too: both forms are accurate, so that costs at most a
+  // divergent branch. (rows_passes' naive rows build their Final from the max and the sum: no fold.)
   struct Final {
-    C ref, inv;
+    C ref, inv, bias;
+    bool fold;
   };
-  static __device__ __forceinline__ Final finalize(Stat st) { return {safe_ref(st.m), safe_inverse(st.s)}; }
+  __device__ __forceinline__ Final finalize(Stat st) const {
+    Final f{safe_ref(st.m), safe_inverse(st.s), C(0), false};
+    if constexpr (kFoldExp) {
+      f.bias = fmaf(f.ref, exp_k, log2_approx(st.s));  // one rounding: the bound's test covers it
+      f.fold = st.s > C(0.5) && fabsf(f.bias) < fold_bound;  // not an empty row (s = 0) or a NaN; a finite max adds about 1
+    }
+    return f;
+  }
   template <int N> __device__ __forceinline__ void apply(C* v, Final f) const {
+    if constexpr (kFoldExp) {
+      if (f.fold) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = exp2_approx(fmaf(v[i], exp_k, -f.bias));
+        return;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = exp_of(v[i], f.ref) * f.inv;
   }

@@ -412,6 +412,40 @@ def test_grid_past_2_to_the_31_elements():
                       cupy.asnumpy(dy[pick]).astype(numpy.float64), 1.0, "float32", "backward")
 
 
+# The 16-bit streams' folded exponent (ForwardOp::kFoldExp): one FFMA an element where |ref * k| <
+# kFoldBound (256), the subtract past it. Logits near the bound, a row's maximum on either side of
+# it and its steps' maxima on both (a ramp along the row), in the stream's modes (one block a row,
+# a cluster, the grid, lagged or not) and online's (naive's third pass keeps the subtract; online
+# and naive take no scale, so their scaled case lies past the bound). -220: a negative maximum
+# whose steps subtract while the output's bias, ref * k + log2 s, folds. Checked element by
+# element within one ulp of the output type, tighter than the row error. This catches a wrong
+# fold (a sign, a missing log2 s), not a bound set too high: the fold's rounding near 256 (a factor
+# within 2e-5 of 1) is far below an ulp.
+FOLD = [(64, 50000, "fused"), (3, 300000, "fused"), (9, 1048576, "fused"), (2, 4194304, "fused"),
+        (300, 4096, "online"), (64, 50000, "online"), (300, 4096, "naive"), (64, 50000, "naive")]
+
+
+@pytest.mark.parametrize("rows,cols,algo", FOLD)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("top,scale", [(170.0, 1.0), (185.0, 1.0), (-170.0, 1.0), (-220.0, 1.0), (175.0, 0.25)])
+def test_folded_exponent_bound(rows, cols, algo, dtype, top, scale):
+    g = rng()
+    ramp = numpy.linspace(-40.0, 0.0, cols)[None, :] * numpy.sign(top) / scale
+    # Rows' maxima spread over +-12 / scale around top, so that some rows fold and some do not.
+    x64 = rounded(top / scale + g.standard_normal((rows, 1)) * 6 / scale + ramp + g.standard_normal((rows, cols)),
+                  dtype)
+    out = poisoned((rows, cols), dtype)
+    y = _ops.forward(to_device(x64, dtype), algo=ALGOS[algo], scale=scale, out=out) if algo == "fused" else \
+        _ops.forward(to_device(x64, dtype), algo=ALGOS[algo], out=out)
+    ref = ref_softmax(x64, scale=scale if algo == "fused" else 1.0)
+    got = to_host64(y)
+    bits = {"float16": 10, "bfloat16": 7}[dtype]
+    tiny = {"float16": 2.0**-24, "bfloat16": 2.0**-126}[dtype]
+    ulp = numpy.maximum(2.0 ** (numpy.floor(numpy.log2(numpy.maximum(ref, tiny))) - bits), tiny)
+    worst = float(numpy.max(numpy.abs(got - ref) / ulp))
+    assert worst <= 1.0, f"{algo} {rows}x{cols} {dtype} top={top} scale={scale} seed={g.seed}: {worst:.2f} ulp"
+
+
 # Rows streamed twice through the ring (rows_stream, not resident): (dtype, direction, algo, chunks)
 # with steps of 8192 columns (float32 and 16-bit backward, float32 forward: a 512-thread block's
 # step). Rows of 1-9 steps, the last one partial, against rings of 1-4 steps. The forward's ring
