@@ -530,7 +530,7 @@ template <typename T, int kMask> struct ForwardOp {
       const C mk = ref * exp_k;
       if (warp_all(fabsf(mk) < kFmaExpBound)) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = exp2_approx(fmaf(v[i], exp_k, -mk));
+        for (int i = 0; i < N; ++i) v[i] = exp_fma(v[i], mk);
         return;
       }
     }
@@ -541,6 +541,8 @@ template <typename T, int kMask> struct ForwardOp {
   // A loaded logit as the exponent sees it: as is where the scale is folded, else x * scale + add.
   __device__ __forceinline__ C scaled(C x, C add) const { return kFoldsScale ? x : x * scale + add; }
   __device__ __forceinline__ C exp_of(C v, C ref) const { return exp_sub(v, ref, exp_k); }
+  // exp2(v * k - shift) as one FFMA: exp_row's, accumulate's and apply's folded forms (float C).
+  __device__ __forceinline__ C exp_fma(C v, C shift) const { return exp2_approx(fmaf(v, exp_k, -shift)); }
   __device__ __forceinline__ MergeMaxSum<C> merge() const { return {exp_k}; }
 
   // kShared: the row lies in shared memory (rows_tile).
@@ -583,13 +585,13 @@ template <typename T, int kMask> struct ForwardOp {
   template <int N> __device__ __forceinline__ void accumulate(Stat& st, const C* v) const {
     const C m = MaxOp()(st.m, tree_reduce<N>(v, MaxOp()));
     const C ref = safe_ref(m);
+    const C mk = ref * exp_k;
     C e[N];
     bool fold = false;
-    if constexpr (kFoldExp) fold = fabsf(ref * exp_k) < fold_bound;
+    if constexpr (kFoldExp) fold = fabsf(mk) < fold_bound;
     if (fold) {
-      const C mk = ref * exp_k;
 #pragma unroll
-      for (int i = 0; i < N; ++i) e[i] = exp2_approx(fmaf(v[i], exp_k, -mk));
+      for (int i = 0; i < N; ++i) e[i] = exp_fma(v[i], mk);
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) e[i] = exp_of(v[i], ref);
@@ -608,7 +610,8 @@ template <typename T, int kMask> struct ForwardOp {
     Final f{safe_ref(st.m), safe_inverse(st.s), C(0), false};
     if constexpr (kFoldExp) {
       f.bias = fmaf(f.ref, exp_k, log2_approx(st.s));  // one rounding: the bound's test covers it
-      f.fold = st.s > C(0.5) && fabsf(f.bias) < fold_bound;  // not an empty row (s = 0) or a NaN; a finite max adds about 1
+      // s > 0.5: not an empty row (s = 0) or a NaN, where a finite max adds about 1.
+      f.fold = st.s > C(0.5) && fabsf(f.bias) < fold_bound;
     }
     return f;
   }
@@ -616,7 +619,7 @@ template <typename T, int kMask> struct ForwardOp {
     if constexpr (kFoldExp) {
       if (f.fold) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = exp2_approx(fmaf(v[i], exp_k, -f.bias));
+        for (int i = 0; i < N; ++i) v[i] = exp_fma(v[i], f.bias);
         return;
       }
     }
