@@ -322,6 +322,54 @@ def test_grid_lagged_rows(rows, cols, dtype, direction):
     assert bool(cupy.array_equal(outs[0].view(cupy.uint8), outs[1].view(cupy.uint8))), "repeated calls differ"
 
 
+# Grid plans whose workspace comes filled with words a peer would take for published partials:
+# every byte 0xff (a counter past every target; a forward tag of parity 1, round 0's), and words
+# whose high half is 1 (a backward tag of round 0, beside 1.0f; counters of 0x3f800000), as a
+# caller's pool hands back memory a previous call or another op wrote. The launcher clears what
+# the kernel reads first, so the rows come out right and the same twice. Unlagged and lagged (a
+# bfloat16 backward walking 9 rows lags by default; every shape here lags in the
+# PYSOFTMAX_GRID_LAG=1 process, float64 through its counters).
+POISONS = {"ones": (0xFFFFFFFF, 0xFFFFFFFF), "round0": (0x3F800000, 0x00000001)}
+
+
+@pytest.mark.parametrize("poison", sorted(POISONS))
+@pytest.mark.parametrize("rows,cols,dtype,direction", [
+    (9, 2097152, "bfloat16", "backward"),
+    (8, 4194304, "float32", "forward"),
+    (101, 300004, "float32", "forward"),
+    (1, 16777216, "bfloat16", "forward"),
+    (9, 1048576, "float64", "forward"),
+    (2, 600000, "float64", "backward"),
+])
+def test_grid_workspace_poisoned(monkeypatch, rows, cols, dtype, direction, poison):
+    if not grid_capable():
+        pytest.skip("no cooperative grid of staged rows here")
+    plan = _ops.plan((rows, cols), dtype, direction=direction)
+    if not plan["grid"]:
+        pytest.skip(f"this GPU plans {rows} x {cols} {dtype} off the grid: {plan}")
+    real = _ops._workspace
+    filled = []
+
+    def poisoned_workspace(problem, dir_):
+        ws = real(problem, dir_)
+        assert ws is not None and ws.nbytes % 8 == 0, ws
+        halves = ws.view(numpy.uint32).reshape(-1, 2)
+        halves[:, 0], halves[:, 1] = POISONS[poison]
+        filled.append(ws.nbytes)
+        return ws
+
+    monkeypatch.setattr(_ops, "_workspace", poisoned_workspace)
+    g = rng()
+    host = long_inputs(g, rows, cols, dtype, direction)
+    dev_in = tuple(to_device(a, dtype) for a in host)
+    outs = [poisoned((rows, cols), dtype) for _ in range(2)]
+    for out in outs:
+        check_long(direction, "fused", host, dev_in, out, dtype, f"{direction} {rows}x{cols} {dtype} {poison} {plan} seed={g.seed}",
+                   stream=cupy.cuda.get_current_stream())
+    assert filled == [plan["workspace"]] * 2, filled
+    assert bool(cupy.array_equal(outs[0].view(cupy.uint8), outs[1].view(cupy.uint8))), "repeated calls differ"
+
+
 @pytest.mark.parametrize("rows,cols", [(336, 100000), (200, 200003)])
 def test_grid_lagged_chunks_of_two_steps(rows, cols):
     """bfloat16 forward rows whose lagged plan the model took in chunks of one step before
@@ -343,15 +391,15 @@ def test_grid_lagged_every_path():
     """The grid's tests, the straddling rows' and LAGGED in a process with PYSOFTMAX_GRID_LAG=1
     (read once a device), where every grid row that two chunks a block hold whole takes a lagged
     plan: capped grids (one group walking every row), repeated calls, two streams at once, offsets
-    past 2^31 elements."""
+    past 2^31 elements, poisoned workspaces."""
     if LAG_FORCED or "PYSOFTMAX_GRID_LAG" in os.environ:
         pytest.skip("this process runs under a set lag rule")
     if not grid_capable():
         pytest.skip("no cooperative grid of staged rows here")
     env = dict(os.environ, PYSOFTMAX_GRID_LAG="1")
-    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1  # test_long_rows* takes the masked rows too
-    pytest_in_process(__file__, "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31",
-                      env, want)
+    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1 + 12  # test_long_rows* takes the masked rows too
+    pytest_in_process(__file__, "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31"
+                      " or workspace_poisoned", env, want)
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
