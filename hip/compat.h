@@ -53,12 +53,6 @@
 //   launch_cooperative(kernel, blocks, threads, shared, stream, args...)   host: a launch whose
 //               blocks all run at once (or none does: the launch fails), so that they may wait on
 //               each other; where the device says hipDeviceAttributeCooperativeLaunch.
-//   grid_arrive() / grid_wait(token)   a barrier of every block of a cooperative launch
-//               (launch_cooperative only), split: the global-memory writes before a block's
-//               arrival are seen by the reads after every block's wait. A block may issue copies
-//               between the two, which the barrier then does not wait for (a whole barrier after
-//               them waits until they land on NVIDIA, its release fencing them). On AMD the wait
-//               is the whole barrier (HIP has no split one).
 //   max_active_blocks(kernel, threads, shared)   host: how many blocks of `kernel` an SM runs at
 //               once at that size (0 if the query fails; the failure is cleared).
 //   spin_pause()            a short sleep inside a wait loop on global memory, so the waiting
@@ -79,13 +73,11 @@
 #define SOFTMAX_PLATFORM_AMD 1
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
-#include <hip/hip_cooperative_groups.h>
 #define SOFTMAX_PLATFORM_NAME "amd"
 #else
 #define SOFTMAX_PLATFORM_NVIDIA 1
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
-#include <cooperative_groups.h>
 #define SOFTMAX_PLATFORM_NAME "nvidia"
 
 typedef cudaError_t hipError_t;
@@ -394,16 +386,6 @@ int max_active_blocks(void (*kernel)(Params...), unsigned threads, size_t shared
   (void)hipGetLastError();
   return 0;
 }
-
-#if defined(SOFTMAX_PLATFORM_NVIDIA)
-using GridToken = unsigned;
-__device__ __forceinline__ GridToken grid_arrive() { return cooperative_groups::this_grid().barrier_arrive(); }
-__device__ __forceinline__ void grid_wait(GridToken token) { cooperative_groups::this_grid().barrier_wait(GridToken{token}); }
-#else
-using GridToken = int;
-__device__ __forceinline__ GridToken grid_arrive() { return 0; }
-__device__ __forceinline__ void grid_wait(GridToken) { cooperative_groups::this_grid().sync(); }
-#endif
 
 __device__ __forceinline__ void spin_pause() {
 #if defined(SOFTMAX_PLATFORM_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700

@@ -1011,6 +1011,17 @@ int launch_stream(const Op& op, int64_t rows, const Plan& p, hipStream_t s, type
       if (p.cluster > 1)
         return launch(rows_stream<Op, kPack, kShareCluster, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
                       p.chunk_cols, p.held, int{kStreamResident}, ws);
+      // The groups' counters start at zero, and a lagged grid's tagged partials too (round -1;
+      // GridTag). The unlagged grid clears its counters alone, as a larger clear measured slower
+      // on its shortest rows (docs/TUNING.md, "plan_grid: lagged rows").
+      const int64_t stat = sizeof(typename Op::Stat), groups = p.blocks / p.chunks;
+      const int64_t from = p.lag ? 0 : grid_partials_bytes(groups, p.chunks, stat);
+      const hipError_t e = hipMemsetAsync(reinterpret_cast<char*>(ws) + from, 0,
+                                          static_cast<size_t>(grid_workspace_bytes(groups, p.chunks, stat) - from), s);
+      if (e != hipSuccess) {
+        (void)hipGetLastError();  // cleared, as after a failed launch
+        return fail(SOFTMAX_ERROR_RUNTIME, "rows_stream: clearing the grid's workspace: %s", hipGetErrorString(e));
+      }
       if (p.lag)
         return launch(rows_stream<Op, kPack, kShareLagged, kStraddle>, "rows_stream", p, s, op, rows, p.chunks,
                       p.chunk_cols, p.held, int{kStreamLagged}, ws);

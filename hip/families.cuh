@@ -339,20 +339,17 @@ enum StreamPhase { kStreamWhole = 0, kStreamStats = 1, kStreamApply = 2, kStream
 enum StreamShare { kShareNone = 0, kShareCluster = 1, kShareGrid = 2, kShareLagged = 3 };
 
 // kShareGrid's and kShareLagged's workspace (bytes, and the counters' offset, below): partials
-// [kGridSets][groups][chunks], then counters [kGridSets][groups]. Its contents on entry do not
-// matter: each block clears the words its peers read first (grid_clear), and a barrier of the
-// whole grid orders the zeros before every peer's first read. Its arrival precedes the block's
-// first copies and its wait follows them, so that it waits while they are in flight, where a clear
-// of its own would be a launch ahead of the kernel (docs/TUNING.md, "The grid's workspace cleared
-// in the kernel"). kShareGrid takes the partial sets 0 and 1 (alternating by row) and counter set 0,
-// its statistics at their own stride inside the slots; kShareLagged rotates over all four by row,
-// its statistics in words (GridTag) or, in float64, at their own stride with the counters.
+// [kGridSets][groups][chunks], then counters [kGridSets][groups]. The launcher zeroes the
+// counters, and for kShareLagged the partials too (GridTag). kShareGrid takes the partial sets 0
+// and 1 (alternating by row) and counter set 0, its statistics at their own stride inside the
+// slots; kShareLagged rotates over all four by row, its statistics in words (GridTag) or, in
+// float64, at their own stride with the counters.
 //
 // GridTag: kShareLagged's exchange of a row's partials. A statistic that fits a word is published
 // with its round in one 8-byte word, which each peer polls until the round is its own: no counter
 // and no fence, as the value arrives with its readiness. Slot k of a set is written at rounds
 // 0, 1, ... (the group's rows j, j + kGridSets, ...) and polled at each by thread k of each of the
-// group's blocks, which saw the round before there (or the slot's zero, round -1): by
+// group's blocks, which saw the round before there (or the launcher's zeros, round -1): by
 // coherence it never sees an older round, so a tag need only tell round r from round r - 1.
 //   float (the backward's dot product): the value beside r + 1.
 //   MaxSum<float> (the forward's pair): s is >= 0 or NaN, so its sign bit carries the parity of
@@ -407,20 +404,6 @@ template <> struct GridTag<MaxSum<float>> {
     return {bits_float(static_cast<uint32_t>(w)), bits_float(static_cast<uint32_t>(w >> 32) & ~kSign)};
   }
 };
-
-// The block's words of the workspace that its peers read first, cleared, and its arrival at the
-// grid's barrier: kShareLagged's tags (the block's slot of each set at round -1), or the group's
-// counters at 0 (its first block; kShareGrid's set 0, a float64 kShareLagged's four sets).
-template <typename Stat, int kShare> __device__ GridToken grid_clear(Stat* ws, int64_t chunks) {
-  const int64_t groups = gridDim.x / chunks, group = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-  if constexpr (kShare == kShareLagged && GridTag<Stat>::kTagged) {
-    if (threadIdx.x < kGridSets) store_word(&reinterpret_cast<uint64_t*>(ws)[(threadIdx.x * groups + group) * chunks + chunk], 0);
-  } else {
-    unsigned* counters = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + grid_partials_bytes(groups, chunks, sizeof(Stat)));
-    if (chunk == 0 && threadIdx.x < (kShare == kShareLagged ? kGridSets : 1)) counters[threadIdx.x * groups + group] = 0u;
-  }
-  return grid_arrive();
-}
 
 template <typename Op, int kPack, int kShare = kShareNone, bool kStraddle = false, int kCarry = 0>
 __global__ __launch_bounds__(kStreamThreads,
@@ -741,10 +724,8 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
         op.template store<1, 1>(w, outside_column(static_cast<int>(threadIdx.x), head, op.cols), &beside[j & 1]);
       }
     };
-    const GridToken cleared = grid_clear<Stat, kShare>(ws, chunks);
     fill(0);
     fill(1);
-    grid_wait(cleared);
     int64_t j = 0;
     for (; exists(j); ++j) {
       reduce_row(j, j == 0 ? steps : 0);
@@ -753,8 +734,6 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
     if (j > 0) write_row(j - 1);
     return;
   }
-  [[maybe_unused]] GridToken cleared{};
-  if constexpr (kShare == kShareGrid) cleared = grid_clear<Stat, kShare>(ws, chunks);
   if (resident && blockIdx.x < nblocks) {  // the first row's copy; later rows are refills
     const typename Op::Row w = body(op.prefetch_row(kShared ? blockIdx.x / chunks : blockIdx.x));
     const int64_t begin = kShared ? blockIdx.x % chunks * chunk_cols : 0;
@@ -765,7 +744,6 @@ void rows_stream(const Op op, int64_t rows, int64_t chunks, int64_t chunk_cols, 
   }
   // kCluster: a block writes into its peers' shared memory only once they have all started.
   if constexpr (kCluster) cluster_sync();
-  if constexpr (kShare == kShareGrid) grid_wait(cleared);
   int parity = 0;    // kShared: which of the two exchange slots this row uses
   unsigned arrived = 0;  // kShareGrid: the group's counter once this row's partials are all in
   for (int64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
