@@ -494,6 +494,50 @@ def test_folded_exponent_bound(rows, cols, algo, dtype, top, scale):
     assert worst <= 1.0, f"{algo} {rows}x{cols} {dtype} top={top} scale={scale} seed={g.seed}: {worst:.2f} ulp"
 
 
+# The fold is taken where it applies, and PYSOFTMAX_EXP_FOLD=0 (read once a device) turns it off:
+# the same float16 logits in two processes, one with it and one without, give outputs that differ
+# somewhere (the two roundings part by a few float32 ulps at most, which moves a float16 output by
+# an ulp at a small share of the elements), each within an ulp of the other, where the fold
+# applies (the stream, one block a row and the grid; online), and bitwise alike where it does not
+# (naive's third pass; logits past the bound).
+FOLD_SCRIPT = """
+import sys, numpy, cupy, pysoftmax
+rows, cols, algo, top, seed, path = sys.argv[1:]
+g = numpy.random.default_rng(int(seed))
+x = (float(top) + g.standard_normal((int(rows), int(cols))) * 3).astype(numpy.float16)
+y = getattr(pysoftmax, algo)(cupy.asarray(x))
+numpy.save(path, cupy.asnumpy(y))
+"""
+
+
+@pytest.mark.parametrize("rows,cols,algo,top,folds", [
+    (64, 50000, "fused", 0.0, True), (3, 300000, "fused", 0.0, True), (300, 4096, "online", 0.0, True),
+    (300, 4096, "naive", 0.0, False), (64, 50000, "fused", 200.0, False)])
+def test_folded_exponent_taken(tmp_path, rows, cols, algo, top, folds):
+    import subprocess
+    import sys
+
+    seed = int(rng().seed)
+    outs = []
+    for fold in ("1", "0"):
+        path = str(tmp_path / f"y{fold}.npy")
+        env = dict(os.environ, PYSOFTMAX_EXP_FOLD=fold)
+        done = subprocess.run([sys.executable, "-c", FOLD_SCRIPT, str(rows), str(cols), algo, str(top), str(seed), path],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(numpy.load(path))
+    a, b = outs
+    what = f"{algo} {rows}x{cols} top={top} seed={seed}"
+    assert not numpy.isnan(a).any() and not numpy.isnan(b).any(), what
+    apart = int(numpy.count_nonzero(a != b))
+    if folds:
+        assert apart > 0, f"{what}: the fold changed no output"
+        ulps = numpy.abs(a.view(numpy.int16).astype(numpy.int32) - b.view(numpy.int16).astype(numpy.int32))
+        assert int(ulps.max()) <= 1, f"{what}: outputs {int(ulps.max())} ulps apart"
+    else:
+        assert apart == 0, f"{what}: {apart} outputs differ where nothing folds"
+
+
 # Rows streamed twice through the ring (rows_stream, not resident): (dtype, direction, algo, chunks)
 # with steps of 8192 columns (float32 and 16-bit backward, float32 forward: a 512-thread block's
 # step). Rows of 1-9 steps, the last one partial, against rings of 1-4 steps. The forward's ring
