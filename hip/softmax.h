@@ -79,7 +79,9 @@ typedef struct softmax_problem {
   int64_t mask_shape[SOFTMAX_MAX_DIMS];
   int64_t mask_stride[SOFTMAX_MAX_DIMS]; /* elements; 0 where the mask broadcasts */
   int64_t mask_col_stride;
-  void* workspace; /* device scratch of softmax_workspace_size() bytes, 8-byte aligned, or NULL when that is 0 */
+  void* workspace; /* device scratch of softmax_workspace_size() bytes, 8-byte aligned, or NULL when that is 0;
+                      its contents on entry do not matter, and it is the call's alone until the call's
+                      kernels on the stream have finished */
   int64_t workspace_bytes;
 } softmax_problem_t;
 
