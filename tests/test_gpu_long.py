@@ -45,6 +45,16 @@ def grid_capable():
     return int(dev.compute_capability) >= 80 and dev.attributes["CooperativeLaunch"] == 1
 
 
+def grid_plan(rows, cols, dtype, direction):
+    """The plan of a shape that a test needs on the cooperative grid, or a skip saying why not."""
+    if not grid_capable():
+        pytest.skip("no cooperative grid of staged rows here")
+    plan = _ops.plan((rows, cols), dtype, direction=direction)
+    if not plan["grid"]:
+        pytest.skip(f"this GPU plans {rows} x {cols} {dtype} {direction} off the grid: {plan}")
+    return plan
+
+
 def clusters():
     return not cupy.cuda.runtime.is_hip and int(cupy.cuda.Device().compute_capability) >= 90
 
@@ -342,11 +352,7 @@ POISONS = {"ones": (0xFFFFFFFF, 0xFFFFFFFF), "round0": (0x3F800000, 0x00000001)}
     (2, 600000, "float64", "backward"),
 ])
 def test_grid_workspace_poisoned(monkeypatch, rows, cols, dtype, direction, poison):
-    if not grid_capable():
-        pytest.skip("no cooperative grid of staged rows here")
-    plan = _ops.plan((rows, cols), dtype, direction=direction)
-    if not plan["grid"]:
-        pytest.skip(f"this GPU plans {rows} x {cols} {dtype} off the grid: {plan}")
+    plan = grid_plan(rows, cols, dtype, direction)
     real = _ops._workspace
     filled = []
 
@@ -408,12 +414,8 @@ def test_grid_workspace_checked(monkeypatch, direction, fault):
     """A grid plan's workspace is checked before anything is launched: one byte short, or not
     8-byte aligned (its partials are 8-byte words, GridTag), is an error that says so, and the
     output is left as it was."""
-    if not grid_capable():
-        pytest.skip("no cooperative grid of staged rows here")
     rows, cols = 3, 1048576
-    plan = _ops.plan((rows, cols), "float32", direction=direction)
-    if not plan["grid"]:
-        pytest.skip(f"this GPU plans {rows} x {cols} off the grid: {plan}")
+    plan = grid_plan(rows, cols, "float32", direction)
     real = _ops._workspace
     kept = []
 
