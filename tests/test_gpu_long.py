@@ -334,11 +334,11 @@ def test_grid_lagged_rows(rows, cols, dtype, direction):
 
 # Grid plans whose workspace comes filled with words a peer would take for published partials:
 # every byte 0xff (a counter past every target; a forward tag of parity 1, round 0's), and words
-# whose high half is 1 (a backward tag of round 0, beside 1.0f; counters of 0x3f800000), as a
-# caller's pool hands back memory a previous call or another op wrote. The launcher clears what
-# the kernel reads first, so the rows come out right and the same twice. Unlagged and lagged (a
-# bfloat16 backward walking 9 rows lags by default; every shape here lags in the
-# PYSOFTMAX_GRID_LAG=1 process, float64 through its counters).
+# whose high half is 1 (a backward tag of round 0, beside 1.0f; counters alternating 0x3f800000
+# and 1), as a caller's pool hands back memory a previous call or another op wrote. The launcher
+# clears what the kernel reads first, so the rows come out right and the same twice. Unlagged and
+# lagged plans (on an H100 or H200 the bfloat16 backward walking 9 rows lags, the float32 forward
+# at 8 x 4194304 does not), float64's counters too.
 POISONS = {"ones": (0xFFFFFFFF, 0xFFFFFFFF), "round0": (0x3F800000, 0x00000001)}
 
 
@@ -370,6 +370,8 @@ def test_grid_workspace_poisoned(monkeypatch, rows, cols, dtype, direction, pois
     dev_in = tuple(to_device(a, dtype) for a in host)
     outs = [poisoned((rows, cols), dtype) for _ in range(2)]
     for out in outs:
+        # stream= takes the general path, which sizes the workspace through _ops._workspace (the
+        # fast path allocates its own, which the patch would not reach).
         check_long(direction, "fused", host, dev_in, out, dtype, f"{direction} {rows}x{cols} {dtype} {poison} {plan} seed={g.seed}",
                    stream=cupy.cuda.get_current_stream())
     assert filled == [plan["workspace"]] * 2, filled
@@ -397,15 +399,15 @@ def test_grid_lagged_every_path():
     """The grid's tests, the straddling rows' and LAGGED in a process with PYSOFTMAX_GRID_LAG=1
     (read once a device), where every grid row that two chunks a block hold whole takes a lagged
     plan: capped grids (one group walking every row), repeated calls, two streams at once, offsets
-    past 2^31 elements, poisoned workspaces."""
+    past 2^31 elements."""
     if LAG_FORCED or "PYSOFTMAX_GRID_LAG" in os.environ:
         pytest.skip("this process runs under a set lag rule")
     if not grid_capable():
         pytest.skip("no cooperative grid of staged rows here")
     env = dict(os.environ, PYSOFTMAX_GRID_LAG="1")
-    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1 + 12  # test_long_rows* takes the masked rows too
-    pytest_in_process(__file__, "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31"
-                      " or workspace_poisoned", env, want)
+    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1  # test_long_rows* takes the masked rows too
+    pytest_in_process(__file__, "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31",
+                      env, want)
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
@@ -501,7 +503,9 @@ def test_folded_exponent_bound(rows, cols, algo, dtype, top, scale):
 # somewhere (the two roundings part by a few float32 ulps at most, which moves a float16 output by
 # an ulp at a small share of the elements), each within an ulp of the other, where the fold
 # applies (the stream, one block a row and the grid; online), and bitwise alike where it does not
-# (naive's third pass; logits past the bound).
+# (naive's third pass; logits past the bound). The fold's families: rows_stream, rows_tile and
+# online's rows_passes (rows_block and rows_warp exponentiate by exp_row, which it leaves alone).
+FOLD_FAMILIES = ("stream", "tile", "passes")
 FOLD_SCRIPT = """
 import sys, numpy, cupy, pysoftmax
 rows, cols, algo, top, seed, path = sys.argv[1:]
@@ -519,17 +523,21 @@ def test_folded_exponent_taken(tmp_path, rows, cols, algo, top, folds):
     import subprocess
     import sys
 
+    plan = _ops.plan((rows, cols), "float16", algo=algo)
+    assert plan["family"] in FOLD_FAMILIES, plan
     seed = int(rng().seed)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pysoftmax.__file__)))
     outs = []
     for fold in ("1", "0"):
         path = str(tmp_path / f"y{fold}.npy")
         env = dict(os.environ, PYSOFTMAX_EXP_FOLD=fold)
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])  # this pysoftmax
         done = subprocess.run([sys.executable, "-c", FOLD_SCRIPT, str(rows), str(cols), algo, str(top), str(seed), path],
-                              env=env, capture_output=True, text=True, timeout=300)
+                              env=env, capture_output=True, text=True, timeout=300, cwd=root)
         assert done.returncode == 0, done.stderr[-2000:]
         outs.append(numpy.load(path))
     a, b = outs
-    what = f"{algo} {rows}x{cols} top={top} seed={seed}"
+    what = f"{algo} {rows}x{cols} top={top} seed={seed} {plan}"
     assert not numpy.isnan(a).any() and not numpy.isnan(b).any(), what
     apart = int(numpy.count_nonzero(a != b))
     if folds:
