@@ -253,6 +253,43 @@ def test_long_rows_masked_and_causal():
     assert_close(to_host64(y), ref_softmax(x64, 1.0, bias), "float32", f"float mask seed={g.seed}")
 
 
+# Edge values on long rows: the partials of chunks, blocks and cluster ranks merged across a row
+# (the grid's exchange, lagged or not, the cluster's, the split stream's) meet statistics that
+# are -inf (chunks with nothing kept), NaN and +inf. (rows, cols, dtype): a cluster's row or the
+# grid's on an H100 or H200, the grid's (lagged where PYSOFTMAX_GRID_LAG=1), straddling odd rows,
+# and float64's counters.
+EDGE = [(6, 458752, "float32"), (6, 2097152, "bfloat16"), (6, 1048580, "float16"), (6, 300003, "bfloat16"),
+        (6, 600000, "float64")]
+
+
+@pytest.mark.parametrize("algo", ["fused", "online"])
+@pytest.mark.parametrize("rows,cols,dtype", EDGE)
+def test_long_rows_edge_values(rows, cols, dtype, algo):
+    """Row 0: -inf but for its last quarter (the first chunks hold -inf only); 1: -inf throughout
+    (zeros); 2: one NaN in the last column (NaN throughout); 3: one +inf in the middle (NaN
+    throughout, inf - inf); 4: logits of either sign near the dtype's largest; 5: logits near
+    -largest / 2 with the maximum in the last column. Rows 0, 4 and 5 against float64."""
+    g = rng()
+    big = {"float16": 6e4, "bfloat16": 3e38, "float32": 3e38, "float64": 1e300}[dtype]
+    x64 = g.standard_normal((rows, cols)) * 3
+    x64[0, : 3 * cols // 4] = -numpy.inf
+    x64[1] = -numpy.inf
+    x64[2, -1] = numpy.nan
+    x64[3, cols // 2] = numpy.inf
+    x64[4] = g.uniform(-1, 1, cols) * big
+    x64[5] = g.uniform(-1, 1, cols) - big / 2
+    x64[5, -1] = -big / 2 + 40
+    x64 = rounded(x64, dtype)
+    plan = _ops.plan((rows, cols), dtype, algo=algo)
+    what = f"{algo} {rows}x{cols} {dtype} {plan} seed={g.seed}"
+    y = to_host64(_ops.forward(to_device(x64, dtype), algo=ALGOS[algo], out=poisoned((rows, cols), dtype)))
+    assert (y[1] == 0).all(), f"a row of -inf: zeros ({what})"
+    assert numpy.isnan(y[2]).all(), f"a NaN gives NaN throughout ({what})"
+    assert numpy.isnan(y[3]).all(), f"a +inf gives NaN throughout ({what})"
+    keep = [0, 4, 5]
+    assert_close(y[keep], ref_softmax(x64[keep]), dtype, what)
+
+
 @pytest.mark.parametrize("blocks", [0, 1])
 def test_grid_capped_and_repeatable(blocks):
     """A requested grid cap keeps whole groups (one group here, which then walks every row), and
@@ -405,7 +442,8 @@ def test_grid_lagged_every_path():
     if not grid_capable():
         pytest.skip("no cooperative grid of staged rows here")
     env = dict(os.environ, PYSOFTMAX_GRID_LAG="1")
-    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1  # test_long_rows* takes the masked rows too
+    # test_long_rows* takes the masked rows and the edge values too
+    want = len(LAGGED) + len(CASES) + 1 + 2 + 1 + len(STRADDLING) + 1 + 2 * len(EDGE)
     pytest_in_process(__file__, "lagged_rows or test_long_rows or grid_capped or two_streams or straddling_rows or 2_to_the_31",
                       env, want)
 
