@@ -17,6 +17,8 @@ except ImportError:  # pragma: no cover
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 # Max over rows of ||y - ref|| / ||ref|| (the acceptance bounds).
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2, "float64": 1e-12}
+# A magnitude near each dtype's largest finite value: edge-value tests draw logits up to it.
+NEAR_LARGEST = {"float16": 6e4, "bfloat16": 3e38, "float32": 3e38, "float64": 1e300}
 
 
 def np_dtype(name):

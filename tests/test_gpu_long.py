@@ -24,7 +24,7 @@ import os
 import numpy
 import pytest
 
-from _util import (assert_close, assert_grad_close, poisoned, pytest_in_process, ref_softmax, rng, rounded, to_device,
+from _util import (NEAR_LARGEST, assert_close, assert_grad_close, poisoned, pytest_in_process, ref_softmax, rng, rounded, to_device,
                    to_host64)
 
 pytestmark = pytest.mark.gpu
@@ -270,7 +270,7 @@ def test_long_rows_edge_values(rows, cols, dtype, algo):
     throughout, inf - inf); 4: logits of either sign near the dtype's largest; 5: logits from
     -largest / 2 to 1% below it, the maximum in the last column. Rows 0, 4 and 5 against float64."""
     g = rng()
-    big = {"float16": 6e4, "bfloat16": 3e38, "float32": 3e38, "float64": 1e300}[dtype]
+    big = NEAR_LARGEST[dtype]
     x64 = g.standard_normal((rows, cols)) * 3
     x64[0, : 3 * cols // 4] = -numpy.inf
     x64[1] = -numpy.inf

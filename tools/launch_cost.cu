@@ -54,11 +54,11 @@ __global__ void clear_words(unsigned* ws, int words) {
 }
 
 enum Clear { kNone, kMemset16, kMemsetWs, kKernelWs };
-const int kSpinNs = 50000, kQueueNs = 200000;
+const int kSpinNs = 50000, kQueueNs = 200000, kThreads = 512;
 const char* const kClearNames[] = {"none", "memset16", "memset_ws", "kernel_ws"};
 
 struct Case {
-  int blocks, threads, shared;
+  int blocks, shared;
   Clear clear;
   bool coop;
   long long spin;
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, dev));
-  const int ws_bytes = 4128;  // the lagged grid's clear at 8 x 4194304 bfloat16 (docs/TUNING.md)
+  const int ws_bytes = 4128;  // about the lagged grid's clear at 8 x 4194304 bfloat16 (4112; docs/TUNING.md)
   int *marks = nullptr;
   unsigned* ws = nullptr;
   CHECK(cudaMalloc(&marks, 1 << 20));
@@ -89,10 +89,10 @@ int main(int argc, char** argv) {
     for (int per_sm : {1, 2})
       for (int shared : {0, big_shared}) {
         int fit = 0;  // blocks of this size an SM holds at once: a cooperative launch needs per_sm
-        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, body, 512, shared));
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, body, kThreads, shared));
         if (fit < per_sm) continue;
         for (Clear clear : {kNone, kMemset16, kMemsetWs, kKernelWs})
-          for (bool coop : {false, true}) cases.push_back({sms * per_sm, 512, shared, clear, coop, spin});
+          for (bool coop : {false, true}) cases.push_back({sms * per_sm, shared, clear, coop, spin});
       }
 
   std::printf("{\"device\": \"%s\", \"sms\": %d, \"reps\": %d}\n", prop.name, sms, reps);
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
       std::vector<float> t;
       for (int r = 0; r < reps + 5; ++r) {
         CHECK(cudaStreamSynchronize(s));
-        if (queued) body<<<1, 32, 0, s>>>(marks + (1 << 16), kQueueNs);
+        if (queued) body<<<1, 32, 0, s>>>(marks + (1 << 16), kQueueNs);  // its mark apart from the grid's
         CHECK(cudaEventRecord(e0, s));
         if (c.clear == kMemset16) CHECK(cudaMemsetAsync(ws, 0, 16, s));
         if (c.clear == kMemsetWs) CHECK(cudaMemsetAsync(ws, 0, ws_bytes, s));
@@ -110,10 +110,10 @@ int main(int argc, char** argv) {
         long long spin = c.spin;
         if (c.coop) {
           void* args[] = {&marks, &spin};
-          CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(body), dim3(c.blocks), dim3(c.threads), args,
+          CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(body), dim3(c.blocks), dim3(kThreads), args,
                                             c.shared, s));
         } else {
-          body<<<c.blocks, c.threads, c.shared, s>>>(marks, spin);
+          body<<<c.blocks, kThreads, c.shared, s>>>(marks, spin);
         }
         CHECK(cudaGetLastError());
         CHECK(cudaEventRecord(e1, s));
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
       medians.push_back(med);
       std::printf("{\"blocks\": %d, \"threads\": %d, \"shared\": %d, \"clear\": \"%s\", \"launch\": \"%s\", "
                   "\"spin_us\": %d, \"start\": \"%s\", \"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f}\n",
-                  c.blocks, c.threads, c.shared, kClearNames[c.clear], c.coop ? "cooperative" : "plain",
+                  c.blocks, kThreads, c.shared, kClearNames[c.clear], c.coop ? "cooperative" : "plain",
                   static_cast<int>(c.spin / 1000), queued ? "queued" : "idle", med, t[t.size() / 10],
                   t[t.size() * 9 / 10]);
     }
