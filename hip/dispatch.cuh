@@ -48,8 +48,18 @@ template <typename Op> constexpr int warp_rows_for_pack(int pack, int packs, int
 constexpr int kOddPacks[] = {3, 5};
 constexpr int kOddCounts = static_cast<int>(sizeof(kOddPacks) / sizeof(kOddPacks[0]));
 static_assert(kOddCounts == 2, "launch_with_pack launches kOddPacks[0] and kOddPacks[1] only");
+// A forward (one array read) may also hold kOddPastItems values a lane at an odd count, past
+// kRowRegisters: five 16-bit packs, which fill rows of 5 x 2^k packs and rows of 129-160 packs
+// in one warp, where rows_block leaves lanes idle. Planned only under kOddPacksPastRegisters (a
+// measurement knob until measured; docs/TUNING.md, "kOddPacks").
+constexpr int kOddPastItems = 40;
 template <typename Op, int kPack> constexpr bool odd_packs(int packs) {
-  return kPack > 1 && sizeof(typename Op::Storage) < 8 && max_items<typename Op::Storage>() / kPack >= packs;
+  return kPack > 1 && sizeof(typename Op::Storage) < 8 &&
+         (max_items<typename Op::Storage>() / kPack >= packs || (Op::kInputs == 1 && packs * kPack <= kOddPastItems));
+}
+// Whether an odd count of `packs` holds more than max_items values a lane (kOddPastItems).
+template <typename Op, int kPack> constexpr bool odd_past_registers(int packs) {
+  return max_items<typename Op::Storage>() / kPack < packs;
 }
 // Whether rows_warp may straddle Op's rows (plan_straddling): 16-bit rows that the op straddles
 // (Op::kStraddles) and that carry no walk (unmasked, or a boolean mask without a causal limit),
@@ -61,7 +71,9 @@ template <typename Op> constexpr bool warp_straddles() {
 }
 // DeviceInfo::odd_packs_allowed: which of kOddPacks the planner may take (bit i: kOddPacks[i]), and
 // whether it takes them where the power-of-two plan holds two rows a group (kOddPacksOverTwoRows).
+// kOddPacksPastRegisters: it may take the counts past max_items (kOddPastItems); not by default.
 constexpr int kOddPacksOverTwoRows = 1 << 8;
+constexpr int kOddPacksPastRegisters = 1 << 9;
 constexpr int kOddPacksAll = ((1 << kOddCounts) - 1) | kOddPacksOverTwoRows;
 // Ops with Op::kWideShortRows instead give a lane kStagedPacks packs (staged: only where the
 // platform stages, kAsyncCopy) where that leaves a group of at least kWideMinGroup lanes and each
@@ -255,12 +267,13 @@ inline int device_info(DeviceInfo* out) {
     if (const char* lc = getenv("PYSOFTMAX_GRID_LAG_COST")) info.grid_lag_cost = std::min(8.0, std::max(0.0, atof(lc)));
   }
   // PYSOFTMAX_ODD_PACKS, read once a device: the odd pack counts rows_warp may take, as digits of
-  // kOddPacks ("35"), "r" to take them over two-row plans too, "0" none (tuning; docs/TUNING.md,
-  // "kOddPacks").
+  // kOddPacks ("35"), "r" to take them over two-row plans too, "w" past max_items (kOddPastItems),
+  // "0" none (tuning; docs/TUNING.md, "kOddPacks").
   if (const char* odd = getenv("PYSOFTMAX_ODD_PACKS")) {
     info.odd_packs_allowed = 0;
     for (const char* c = odd; *c; ++c) {
       if (*c == 'r') info.odd_packs_allowed |= kOddPacksOverTwoRows;
+      if (*c == 'w') info.odd_packs_allowed |= kOddPacksPastRegisters;
       for (int i = 0; i < kOddCounts; ++i)
         if (*c == '0' + kOddPacks[i]) info.odd_packs_allowed |= 1 << i;
     }
@@ -637,7 +650,23 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
   const int tiny = tiny_packs(pack);
   const bool auto_family = family == SOFTMAX_FAMILY_AUTO;
   const int block_packs = dev.block_packs ? dev.block_packs : Op::kBlockPacks;  // rows_block's; 0: by the row's length
-  if ((auto_family || family == SOFTMAX_FAMILY_WARP) && packs <= static_cast<int64_t>(kMaxGroup) * max_packs) {
+  // Whether rows_warp may give a lane kOddPacks[i] packs in groups of g lanes (dev.odd_packs_allowed):
+  // full groups where the op asks for them (Op::kOddFullGroups), and not where an op that reads
+  // ahead (Op::kWalk) would read them ahead unstaged, the row a step ahead taking as many
+  // registers again (docs/TUNING.md, "kOddPacks").
+  auto odd_allowed = [&](int i, int64_t g) {
+    const int k = kOddPacks[i];
+    return (dev.odd_packs_allowed >> i & 1) && odd_packs<Op, vec_pack<T>()>(k) &&
+           (!odd_past_registers<Op, vec_pack<T>()>(k) || (dev.odd_packs_allowed & kOddPacksPastRegisters)) &&
+           g <= kMaxGroup && (g < kMaxGroup || Op::kOddFullGroups) &&
+           !(Op::kWalk && !(kAsyncCopy && warp_stages<Op>(k, static_cast<int>(g))));
+  };
+  // Rows longer than rows_warp's powers of two hold that an odd count past max_items holds.
+  bool odd_past = false;
+  if (pack > 1 && packs > int64_t{kMaxGroup} * max_packs)
+    for (int i = 0; i < kOddCounts; ++i)
+      odd_past |= packs <= int64_t{kMaxGroup} * kOddPacks[i] && odd_allowed(i, next_pow2(ceil_div(packs, kOddPacks[i])));
+  if ((auto_family || family == SOFTMAX_FAMILY_WARP) && (packs <= static_cast<int64_t>(kMaxGroup) * max_packs || odd_past)) {
     p.family = SOFTMAX_FAMILY_WARP;
     p.threads = kWarpFamilyThreads;
     bool wide_taken = false;
@@ -652,23 +681,19 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
         wide_taken = true;
       }
     } else {
-      p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);
+      p.packs = fit_pow2(packs, kMaxGroup, 2 * tiny, max_packs);  // 0 where only odd_past holds the row
       p.group = kMaxGroup;
     }
     // An odd count of packs a lane where it leaves fewer of the row's slots idle (the fewest
-    // slots), over plans of one row a group or two (dev.odd_packs_allowed), and in a full group
-    // where the op asks for it (Op::kOddFullGroups). Not on the wide lanes, whose staged copies
-    // want their four, nor where an op that reads ahead (Op::kWalk) would read them ahead
-    // unstaged: the row a step ahead takes as many registers again (docs/TUNING.md, "kOddPacks").
+    // slots), over plans of one row a group or two (dev.odd_packs_allowed), where odd_allowed
+    // allows it. Not on the wide lanes, whose staged copies want their four.
     if (pack > 1 && !wide_taken &&
         ((dev.odd_packs_allowed & kOddPacksOverTwoRows) || warp_rows_for_pack<Op>(pack, p.packs, p.group) == 1)) {
-      int64_t slots = int64_t{p.group} * p.packs;
+      int64_t slots = p.packs ? int64_t{p.group} * p.packs : INT64_MAX;
       for (int i = 0; i < kOddCounts; ++i) {
         const int k = kOddPacks[i];
         const int64_t g = next_pow2(ceil_div(packs, k));
-        if ((dev.odd_packs_allowed >> i & 1) && odd_packs<Op, vec_pack<T>()>(k) && g * k < slots &&
-            g <= kMaxGroup && (g < kMaxGroup || Op::kOddFullGroups) &&
-            !(Op::kWalk && !(kAsyncCopy && warp_stages<Op>(k, static_cast<int>(g))))) {
+        if (g * k < slots && odd_allowed(i, g)) {
           p.packs = k;
           p.group = static_cast<int>(g);
           slots = g * k;

@@ -143,3 +143,53 @@ def test_knob_turns_them_off():
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split("\n")[0] == plans, (knob, out.stdout)
+
+
+# PYSOFTMAX_ODD_PACKS with "w": the plain 16-bit forward may give a lane five packs (40 values, past
+# kRowRegisters; dispatch.cuh, kOddPastItems), in groups of 1-32 lanes and for rows of 129-160 packs
+# that rows_block holds otherwise. Widths: five packs fill them (40-1280), leave lanes idle (1032,
+# 1100) or do not hold the row (1288: rows_block, as without the knob). (cols): (family, packs, group).
+PAST = {40: ("warp", 5, 1), 80: ("warp", 5, 2), 160: ("warp", 5, 4), 320: ("warp", 5, 8), 640: ("warp", 5, 16),
+        1032: ("warp", 5, 32), 1100: ("warp", 5, 32), 1280: ("warp", 5, 32), 1288: ("block", 4, None)}
+PAST_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy
+import pysoftmax
+from pysoftmax import _ops
+from _util import assert_close, poisoned, ref_softmax, rng, rounded, to_device, to_host64
+cols, dtype = int(sys.argv[2]), sys.argv[3]
+p = _ops.plan((4096, cols), dtype)
+print(p["family"], p["packs"], p.get("group"))
+g = rng()
+for rows in (7, 333, 4099):
+    x64 = rounded(g.standard_normal((rows, cols)) * 3, dtype)
+    y = pysoftmax.fused(to_device(x64, dtype), out=poisoned((rows, cols), dtype))
+    assert_close(to_host64(y), ref_softmax(x64), dtype, f"{rows}x{cols} seed={g.seed}")
+    y = _ops.forward(to_device(x64, dtype), blocks=1, out=poisoned((rows, cols), dtype))
+    assert_close(to_host64(y), ref_softmax(x64), dtype, f"{rows}x{cols}, one block, seed={g.seed}")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cols", sorted(PAST))
+def test_past_registers_knob(cols, dtype):
+    """Under PYSOFTMAX_ODD_PACKS=35rw (in a process of its own: the knob is read once a device) the
+    plain 16-bit forward plans five packs a lane where they hold the row in fewer slots, and
+    computes the rows against float64, many rows a grid and walked by one block."""
+    exact_plans_or_skip()
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pysoftmax.__file__)))
+    env = dict(os.environ, PYSOFTMAX_ODD_PACKS="35rw")
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])  # this pysoftmax
+    out = subprocess.run([sys.executable, "-c", PAST_SCRIPT, here, str(cols), dtype], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    family, packs, group = out.stdout.split("\n")[0].split()
+    want = PAST[cols]
+    assert (family, int(packs)) == want[:2] and (want[2] is None or int(group) == want[2]), (cols, out.stdout)
+    # Without the knob the five are never planned.
+    assert _ops.plan((4096, cols), dtype)["packs"] != 5

@@ -42,13 +42,16 @@ static DeviceInfo described(int64_t stage_bytes, int max_cluster) {
   return dev;
 }
 
-template <typename Op> void check(const char* op, int64_t stage_bytes, int max_cluster) {
+// `odd`: the odd pack counts allowed (DeviceInfo::odd_packs_allowed), over rows up to `max_cols`.
+template <typename Op>
+void check(const char* op, int64_t stage_bytes, int max_cluster, int odd = kOddPacksAll, int64_t max_cols = 1100000) {
   using T = typename Op::Storage;
-  const DeviceInfo dev = described(stage_bytes, max_cluster);
+  DeviceInfo dev = described(stage_bytes, max_cluster);
+  dev.odd_packs_allowed = odd;
   for (int family : {SOFTMAX_FAMILY_AUTO, SOFTMAX_FAMILY_WARP, SOFTMAX_FAMILY_BLOCK, SOFTMAX_FAMILY_STREAM})
     for (int pack : {vec_pack<T>(), 1})
       for (int threads : {0, 64, 128, 512, 1024})
-        for (int64_t cols = 1; cols <= 1100000; cols += cols < 5000 ? 1 : cols < 70000 ? 7 : 4999)
+        for (int64_t cols = 1; cols <= max_cols; cols += cols < 5000 ? 1 : cols < 70000 ? 7 : 4999)
           for (int64_t rows : {int64_t{1000}, int64_t{8192}, int64_t{1} << 40})
           for (int on_chip : {kOnGrid, kOffChip}) {
           // 1000 rows split the stream into chunks; 8192 keep it whole (resident, half width);
@@ -72,7 +75,9 @@ template <typename Op> void check(const char* op, int64_t stage_bytes, int max_c
           switch (p.family) {
             case SOFTMAX_FAMILY_WARP: {
               if (int64_t{p.group} * p.packs * pack < cols) report(op, "rows_warp does not cover the row", family, pack, threads, cols, p);
-              if (p.packs > max_packs || p.group > kMaxGroup) report(op, "rows_warp over its register budget", family, pack, threads, cols, p);
+              const bool past = pack > 1 && (dev.odd_packs_allowed & kOddPacksPastRegisters) && odd_packs<Op, vec_pack<T>()>(p.packs);
+              if ((p.packs > max_packs && !past) || p.group > kMaxGroup)
+                report(op, "rows_warp over its register budget", family, pack, threads, cols, p);
               bool compiled = p.packs >= tiny_packs(pack) && !(p.packs & (p.packs - 1));
               for (int k : kOddPacks) compiled |= pack > 1 && p.packs == k && odd_packs<Op, vec_pack<T>()>(k);
               if (!compiled) report(op, "rows_warp packs a lane outside its compiled counts", family, pack, threads, cols, p);
@@ -536,6 +541,12 @@ template <typename T> void check_dtype(const char* name, int64_t stage_bytes, in
   check<ForwardOp<T, kCausalLimit>>(named("forward+bool mask"), stage_bytes, max_cluster);
   check<ForwardOp<T, kKeepMask>>(named("forward+bool mask, no causal"), stage_bytes, max_cluster);
   check<ForwardOp<T, kAdditive>>(named("forward+float mask"), stage_bytes, max_cluster);
+  // Odd counts past max_items (PYSOFTMAX_ODD_PACKS=35rw): the forwards over rows_warp's and rows_block's lengths.
+  constexpr int past = kOddPacksAll | kOddPacksPastRegisters;
+  check<ForwardOp<T, kPlain>>(named("forward, odd past registers"), stage_bytes, max_cluster, past, 5000);
+  check<ForwardOp<T, kCausalLimit>>(named("forward+bool mask, odd past registers"), stage_bytes, max_cluster, past, 5000);
+  check<ForwardOp<T, kKeepMask>>(named("forward+bool mask, no causal, odd past registers"), stage_bytes, max_cluster, past, 5000);
+  check<ForwardOp<T, kAdditive>>(named("forward+float mask, odd past registers"), stage_bytes, max_cluster, past, 5000);
   check<BackwardOp<T>>(named("backward"), stage_bytes, max_cluster);
   check_carry_off<BackwardOp<T>>(op, stage_bytes, max_cluster);
   check_block_packs<ForwardOp<T, kPlain>>(named("block packs forward"), stage_bytes, max_cluster);
