@@ -148,9 +148,12 @@ def test_knob_turns_them_off():
 # PYSOFTMAX_ODD_PACKS with "w": the plain 16-bit forward may give a lane five packs (40 values, past
 # kRowRegisters; dispatch.cuh, kOddPastItems), in groups of 1-32 lanes and for rows of 129-160 packs
 # that rows_block holds otherwise. Widths: five packs fill them (40-1280), leave lanes idle (1032,
-# 1100) or do not hold the row (1288: rows_block, as without the knob). (cols): (family, packs, group).
-PAST = {40: ("warp", 5, 1), 80: ("warp", 5, 2), 160: ("warp", 5, 4), 320: ("warp", 5, 8), 640: ("warp", 5, 16),
-        1032: ("warp", 5, 32), 1100: ("warp", 5, 32), 1280: ("warp", 5, 32), 1288: ("block", 4, None)}
+# 1100) or do not hold the row (1288: rows_block, as without the knob); odd widths straddle
+# (every other row starts off the pack boundary: 275 and 1287, whose bodies take five packs too).
+# (cols): (family, packs, group).
+PAST = {40: ("warp", 5, 1), 80: ("warp", 5, 2), 160: ("warp", 5, 4), 275: ("warp", 5, 8), 320: ("warp", 5, 8),
+        640: ("warp", 5, 16), 1032: ("warp", 5, 32), 1100: ("warp", 5, 32), 1280: ("warp", 5, 32),
+        1287: ("warp", 5, 32), 1288: ("block", 4, None)}
 PAST_SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
