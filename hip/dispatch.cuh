@@ -661,7 +661,7 @@ bool plan_rows(int64_t rows, int64_t cols, int pack, int family, int64_t chunks,
            g <= kMaxGroup && (g < kMaxGroup || Op::kOddFullGroups) &&
            !(Op::kWalk && !(kAsyncCopy && warp_stages<Op>(k, static_cast<int>(g))));
   };
-  // Rows longer than rows_warp's powers of two hold that an odd count past max_items holds.
+  // Rows too long for rows_warp's powers of two that an odd count past max_items still holds.
   bool odd_past = false;
   if (pack > 1 && packs > int64_t{kMaxGroup} * max_packs)
     for (int i = 0; i < kOddCounts; ++i)
