@@ -24,8 +24,8 @@ import os
 import numpy
 import pytest
 
-from _util import (NEAR_LARGEST, assert_close, assert_grad_close, poisoned, pytest_in_process, ref_softmax, rng, rounded, to_device,
-                   to_host64)
+from _util import (NEAR_LARGEST, assert_close, assert_grad_close, poisoned, pytest_in_process, ref_softmax, rng,
+                   rounded, to_device, to_host64)
 
 pytestmark = pytest.mark.gpu
 
